@@ -1,0 +1,40 @@
+# The two commands of the README: `make book` and `make test`. Both create .venv here first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# This machine's pip configuration prints a harmless warning per package; keep the log readable.
+QUIET_PIP := grep -v '^WARNING: Location' || true
+
+.PHONY: venv test test-fast book bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install --quiet --no-deps -e . 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip check 2>&1 | $(QUIET_PIP)
+	@if $(PY) -m pip list 2>/dev/null | grep -iE '^nvidia-|^torch .*\+cu'; then \
+		echo "error: a CUDA build of torch was installed; the course pins the CPU build"; exit 1; fi
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+# The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+book: $(STAMP)
+	@start=$$(date +%s); \
+	$(VENV)/bin/jupyter-book build . -W --keep-going; \
+	echo "book built in $$(( $$(date +%s) - start )) s: _build/html/index.html"
+
+bench: $(STAMP)
+	$(PY) benchmarks/launch.py
+
+clean:
+	rm -rf _build

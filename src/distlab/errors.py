@@ -1,0 +1,60 @@
+"""The exceptions :func:`distlab.run` raises in the notebook when something goes wrong on a rank."""
+
+from __future__ import annotations
+
+
+class RankError(RuntimeError):
+    """A rank raised an exception (or its process died) before returning a result.
+
+    Attributes:
+        rank: the global rank that failed first.
+        exc_type: the name of the remote exception's class, e.g. ``"ValueError"``.
+        remote_message: ``str()`` of the remote exception.
+        remote_traceback: the traceback as the rank printed it.
+        remote_exception: the exception object itself when it could be sent back, else ``None``.
+        others: ``{rank: one-line summary}`` of ranks that failed afterwards (usually as a
+            consequence: a peer that vanished makes the others' collectives fail).
+    """
+
+    def __init__(self, rank, exc_type, remote_message, remote_traceback="",
+                 remote_exception=None, others=None):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        self.remote_exception = remote_exception
+        self.others = dict(others or {})
+        lines = [f"rank {rank} raised {exc_type}: {remote_message}"]
+        if remote_traceback:
+            lines += ["", f"Traceback on rank {rank}:", remote_traceback.rstrip()]
+        for other, summary in sorted(self.others.items()):
+            lines.append(f"(rank {other} failed afterwards: {summary})")
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.exc_type, self.remote_message,
+                             self.remote_traceback, None, self.others))
+
+
+class DistTimeout(TimeoutError):
+    """The run did not finish within its timeout.
+
+    Attributes:
+        timeout: the limit in seconds.
+        rank_states: ``{rank: description}`` of what every rank was doing when time ran out,
+            e.g. ``"blocked in recv(float32[4] from rank 1) for 9.9 s"``.
+    """
+
+    def __init__(self, timeout, rank_states):
+        self.timeout = timeout
+        self.rank_states = dict(rank_states)
+        lines = [f"the run did not finish within {timeout:g} s; what each rank was doing:"]
+        lines += [f"  rank {r}: {s}" for r, s in sorted(self.rank_states.items())]
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.timeout, self.rank_states))
+
+
+class LaunchError(RuntimeError):
+    """The ranks could not be started, or the launcher failed before any rank reported."""

@@ -1,0 +1,155 @@
+"""What runs in every rank: ``python -m distlab.worker RUNDIR``, started by torchrun.
+
+In order:
+
+1. Note our pid and arrange to die with torchrun (before anything slow can fail).
+2. Send everything we print (file descriptors 1 and 2, so C libraries and subprocesses
+   too) to ``out-<rank>`` and ``err-<rank>``, which the notebook streams live.
+3. Import torch, set the number of threads, pick the backend and device, and join the
+   process group (torchrun already told us RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+4. Install the call recorder (:mod:`distlab.comm`) and keep ``state-<rank>.json`` up to
+   date, so that on a timeout the notebook can say which call we are stuck in.
+5. Load the function, seed the random generators, run it, and write the result, or the
+   exception with its traceback.
+6. Leave cleanly: wait for the others, destroy the process group and ``os._exit(0)``
+   (a normal interpreter exit after DDP sometimes aborts in a C++ destructor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from distlab import rundir as files
+from distlab.processes import die_with_parent
+
+
+def _leash_and_redirect(run_dir: Path, rank: int) -> None:
+    files.write_atomically(files.pid_file(run_dir, rank), str(os.getpid()).encode())
+    die_with_parent()
+    if os.getppid() == 1:  # torchrun died before we could ask to die with it
+        os._exit(1)
+    for fd, path in ((1, files.out_file(run_dir, rank)), (2, files.err_file(run_dir, rank))):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    # torchrun's temporary files live in the run directory; the user's code gets its own TMPDIR back.
+    user_tmp = os.environ.pop("DISTLAB_USER_TMPDIR", None)
+    if user_tmp:
+        os.environ["TMPDIR"] = user_tmp
+    else:
+        os.environ.pop("TMPDIR", None)
+
+
+def _watch_calls(run_dir: Path, rank: int) -> None:
+    """Keep state-<rank>.json saying what this rank is doing (read only on a timeout)."""
+    from distlab import comm
+
+    def observe(event, call):
+        pending = [c.describe() for c in comm.pending_async()]
+        if event == "enter":
+            state = {"phase": "call", "call": call.describe(), "since": call.start, "pending": pending}
+        else:
+            state = {"phase": "user", "last": call.describe(), "since": time.time(), "pending": pending}
+        files.write_state(run_dir, rank, state)
+
+    comm.install()
+    comm.set_observer(observe)
+
+
+def _report_exception(run_dir: Path, rank: int, exc: BaseException) -> None:
+    import traceback
+
+    from distlab import serialize
+
+    # Drop our own frame so the traceback starts in the user's code.
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        exc_bytes = serialize.dumps_result(exc)
+    except Exception:
+        exc_bytes = None
+    message = str(exc)
+    if isinstance(exc, SystemExit):
+        message = f"the function called sys.exit({exc.code!r}) on this rank"
+    report = {"rank": rank, "type": type(exc).__name__, "message": message,
+              "traceback": text, "time": time.time(), "exception": exc_bytes}
+    files.write_atomically(files.error_file(run_dir, rank), serialize.dumps_result(report))
+
+
+def main() -> None:
+    run_dir = Path(sys.argv[1])
+    rank = int(os.environ["RANK"])
+    _leash_and_redirect(run_dir, rank)
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from distlab import devices, serialize
+
+    torch.set_num_threads(int(os.environ.get("DISTLAB_THREADS", "1")))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    backend = devices.choose_backend(os.environ.get("DISTLAB_BACKEND"), local_world_size)
+    timeout = datetime.timedelta(seconds=float(os.environ.get("DISTLAB_PG_TIMEOUT", "1800")))
+    files.write_state(run_dir, rank, {"phase": "starting", "since": time.time()})
+    try:
+        device_id = None
+        if backend == "nccl":
+            device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device_id)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+        _watch_calls(run_dir, rank)
+        files.write_state(run_dir, rank, {"phase": "user", "since": time.time()})
+
+        options = json.loads((run_dir / files.OPTIONS).read_text())
+        for entry in options["sys_path"]:  # the caller's import path, before unpickling needs it
+            if entry not in sys.path:
+                sys.path.append(entry)
+        fn, args, kwargs = serialize.loads((run_dir / files.PAYLOAD).read_bytes())
+        _seed(options["seed"])
+        result = fn(*args, **kwargs)
+        data = serialize.dumps_result(result)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+        _report_exception(run_dir, rank, exc)
+        _leave(dist, ok=False)
+    files.write_atomically(files.result_file(run_dir, rank), data)
+    files.write_state(run_dir, rank, {"phase": "returned", "since": time.time()})
+    _leave(dist, ok=True)
+
+
+def _seed(seed: int) -> None:
+    """The same seed on every rank: models built on each rank start identical."""
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed)
+
+
+def _leave(dist, ok: bool) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not ok:
+        # Stay put until the notebook, which has our report, stops everyone. Exiting now would
+        # make torchrun kill our peers and blur which rank failed first.
+        time.sleep(30)
+        os._exit(1)
+    if dist.is_initialized():
+        try:
+            dist.barrier()  # nobody leaves while a peer may still be receiving from it
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Shared fixtures: every test checks that it left no rank process behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+# Every run directory (and so every torchrun/worker command line) of this test session lives
+# under one private folder, so leftovers can be found without touching anyone else's processes.
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="distlab-tests-"))
+os.environ["TMPDIR"] = str(SESSION_TMP)
+tempfile.tempdir = str(SESSION_TMP)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def our_rank_processes() -> list[psutil.Process]:
+    """Live (non-zombie) torchrun agents and distlab workers started by this test session."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or str(SESSION_TMP) not in cmd:
+                continue
+            if "distlab.worker" in cmd or "torch.distributed.run" in cmd:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until_gone(pids, seconds: float) -> list[int]:
+    """Wait up to ``seconds`` for ``pids`` to disappear; return those still alive."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.Error:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def no_rank_process_left_behind():
+    yield
+    leftovers = wait_until_gone([p.pid for p in our_rank_processes()], 5.0)
+    assert not leftovers, f"processes left behind by this test: {leftovers}"

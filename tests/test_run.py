@@ -1,0 +1,271 @@
+"""distlab.run: results, output, errors, timeouts, bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab import DistTimeout, RankError
+
+
+# ---- results -------------------------------------------------------------------------------
+
+def rank_and_world(offset, scale=1):
+    return (dist.get_rank() + offset) * scale, dist.get_world_size()
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_results_come_back_in_rank_order_with_args_and_kwargs(nprocs):
+    results = distlab.run(rank_and_world, 10, nprocs=nprocs, scale=2)
+    assert results == [((r + 10) * 2, nprocs) for r in range(nprocs)]
+
+
+def test_lambdas_closures_and_tensors_travel_both_ways():
+    base = torch.arange(4.0)
+    factor = 3.0
+
+    def summed(t):
+        out = t * factor + dist.get_rank()
+        dist.all_reduce(out)
+        return out
+
+    results = distlab.run(summed, base, nprocs=2)
+    expected = base * factor * 2 + 1  # ranks add 0 and 1
+    for r in results:
+        torch.testing.assert_close(r, expected, rtol=0, atol=0)  # small integers: exact
+    assert distlab.run(lambda: dist.get_rank() ** 2, nprocs=2) == [0, 1]
+
+
+def test_a_function_defined_in_main_is_sent_by_value(tmp_path):
+    # Like a notebook: the function lives in __main__, which the ranks cannot import.
+    script = tmp_path / "notebook_like.py"
+    script.write_text(
+        "import distlab, torch.distributed as dist\n"
+        "SECRET = 41\n"
+        "def helper(x):\n    return x + 1\n"
+        "def fn():\n    return helper(SECRET) + dist.get_rank()\n"
+        "print(distlab.run(fn, nprocs=2))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[42, 43]"
+
+
+def test_results_are_detached_and_on_cpu():
+    def loss():
+        w = torch.ones(3, requires_grad=True)
+        return (w * 2).sum()  # a non-leaf that requires grad cannot be pickled as is
+
+    results = distlab.run(loss, nprocs=2)
+    assert all(r.item() == 6.0 and not r.requires_grad for r in results)
+
+
+def test_each_rank_gets_threads_seed_and_backend():
+    def facts():
+        return torch.get_num_threads(), torch.rand(2), dist.get_backend(), str(distlab.device())
+
+    results = distlab.run(facts, nprocs=2)
+    torch.manual_seed(0)
+    expected_rand = torch.rand(2)
+    for threads, rand, backend, device in results:
+        assert threads == max(1, (os.cpu_count() or 1) // 2)
+        torch.testing.assert_close(rand, expected_rand, rtol=0, atol=0)  # same seed everywhere
+        assert (backend, device) == ("gloo", "cpu")  # no GPU on this machine
+    assert distlab.run(torch.get_num_threads, nprocs=2, threads=1) == [1, 1]
+    first = distlab.run(lambda: torch.rand(1).item(), nprocs=1, seed=7)[0]
+    torch.manual_seed(7)
+    assert first == torch.rand(1).item()
+
+
+def test_output_is_streamed_live_with_rank_prefix(capsys):
+    def talk():
+        print(f"hello from {dist.get_rank()}")
+        print("to stderr", file=sys.stderr)
+        time.sleep(3)
+        return True
+
+    seen = {}
+    real_write = sys.stdout.write
+
+    def timed_write(text):
+        if "hello from 0" in text and "first" not in seen:
+            seen["first"] = time.monotonic()
+        return real_write(text)
+
+    sys.stdout.write = timed_write
+    try:
+        distlab.run(talk, nprocs=2)
+        returned = time.monotonic()
+    finally:
+        sys.stdout.write = real_write
+    out, err = capsys.readouterr()
+    assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
+    assert "[rank 0] to stderr" in err and "[rank 1] to stderr" in err
+    assert returned - seen["first"] > 2.0, "output appeared only when the run ended, not live"
+
+
+def test_huge_output_is_cut_and_counted(capsys, monkeypatch):
+    monkeypatch.setattr(distlab.output, "MAX_OUTPUT_BYTES", 10_000)
+
+    def chatty():
+        for i in range(20_000):
+            print(f"line {i}")
+
+    distlab.run(chatty, nprocs=1)
+    out, _ = capsys.readouterr()
+    assert "[rank 0] line 0" in out and "line 19999" not in out
+    assert re.search(r"\[rank 0\] \.\.\. \d+ more bytes of output not shown", out)
+    echoed = sum(len(line) - len("[rank 0] ") + 1 for line in out.splitlines()[:-1])
+    assert 9_000 < echoed <= 10_000  # the rank's own bytes, without our prefixes
+
+
+# ---- failures ------------------------------------------------------------------------------
+
+def raise_on_rank_one():
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        raise ValueError(f"raised at {time.time()}")
+    t = torch.zeros(4)
+    dist.recv(t, src=1)  # would wait forever: rank 1 never sends
+
+
+def test_a_raising_rank_becomes_rank_error_quickly_and_stops_the_others():
+    started = time.monotonic()
+    with pytest.raises(RankError) as info:
+        distlab.run(raise_on_rank_one, nprocs=2, timeout=100)
+    raised_to_us = time.time()
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "raise ValueError" in err.remote_traceback and "raise_on_rank_one" in err.remote_traceback
+    assert isinstance(err.remote_exception, ValueError)
+    raised_on_rank = float(err.remote_message.split()[-1])
+    assert raised_to_us - raised_on_rank < 5.0
+    assert time.monotonic() - started < 30, "the other rank was left to time out"
+    assert "rank 1 raised ValueError" in str(err)
+
+
+def test_sys_exit_and_os_exit_in_a_rank_are_rank_errors():
+    def sys_exit():
+        if dist.get_rank() == 0:
+            sys.exit(4)
+        dist.barrier()
+
+    with pytest.raises(RankError) as info:
+        distlab.run(sys_exit, nprocs=2, timeout=60)
+    assert info.value.rank == 0 and info.value.exc_type == "SystemExit"
+    assert "sys.exit(4)" in str(info.value)
+
+    def hard_exit():
+        if dist.get_rank() == 1:
+            os._exit(3)
+        dist.barrier()
+
+    with pytest.raises(RankError) as info:
+        distlab.run(hard_exit, nprocs=2, timeout=60)
+    assert info.value.rank == 1 and info.value.exc_type == "ProcessExited"
+    assert "exited with code 3" in str(info.value)
+
+
+def test_an_unpicklable_result_is_a_rank_error_that_says_so():
+    with pytest.raises(RankError) as info:
+        distlab.run(lambda: threading.Lock(), nprocs=1)
+    assert "lock" in str(info.value).lower() and "pickle" in str(info.value).lower()
+
+
+def deadlock():
+    t = torch.zeros(4)
+    if dist.get_rank() == 0:
+        dist.recv(t, src=1)
+    else:
+        while True:  # busy in user code, never sends
+            time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_timeout_names_what_each_rank_was_doing():
+    started = time.monotonic()
+    with pytest.raises(DistTimeout) as info:
+        distlab.run(deadlock, nprocs=2, timeout=10)
+    elapsed = time.monotonic() - started
+    assert isinstance(info.value, TimeoutError)
+    assert 10 <= elapsed < 15
+    states = info.value.rank_states
+    assert re.match(r"blocked in recv\(float32\[4\], from rank 1, group of 2\) for \d+\.\d s", states[0]), states
+    assert states[1].startswith("in user code"), states
+    assert "rank 0: blocked in recv" in str(info.value)
+
+
+@pytest.mark.slow
+def test_timeout_while_an_async_op_is_pending():
+    def stuck_waiting():
+        t = torch.zeros(8)
+        if dist.get_rank() == 0:
+            work = dist.irecv(t, src=1)
+            work.wait()
+        else:
+            time.sleep(60)
+
+    with pytest.raises(DistTimeout) as info:
+        distlab.run(stuck_waiting, nprocs=2, timeout=10)
+    assert "Work.wait" in info.value.rank_states[0] and "irecv(float32[8]" in info.value.rank_states[0]
+
+
+# ---- bad input fails before any process starts --------------------------------------------
+
+@pytest.fixture
+def no_process_may_start(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started for bad input")
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(nprocs=0), ValueError, "between 1 and 64"),
+    (dict(nprocs=65), ValueError, "between 1 and 64"),
+    (dict(nprocs="2"), TypeError, "integer"),
+    (dict(nprocs=2, timeout=-1), ValueError, "positive"),
+    (dict(nprocs=2, backend="mpi"), ValueError, "backend"),
+    (dict(nprocs=2, backend="nccl"), ValueError, "one GPU per rank"),
+    (dict(nprocs=2, threads=0), ValueError, "threads"),
+])
+def test_bad_arguments_fail_clearly(no_process_may_start, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        distlab.run(rank_and_world, 0, **kwargs)
+
+
+def test_not_callable_fails_clearly(no_process_may_start):
+    with pytest.raises(TypeError, match="needs a function"):
+        distlab.run(42, nprocs=2)
+
+
+def test_unpicklable_things_are_named(no_process_may_start):
+    lock = threading.Lock()
+
+    def uses_closure():
+        return lock.locked()
+
+    with pytest.raises(distlab.NotPicklableError, match="closure variable `lock`"):
+        distlab.run(uses_closure, nprocs=2)
+    with pytest.raises(distlab.NotPicklableError, match="positional argument 0 \\(lock\\)"):
+        distlab.run(print, threading.Lock(), nprocs=2)
+    with pytest.raises(distlab.NotPicklableError, match="keyword argument `stream`"):
+        distlab.run(print, stream=(x for x in range(3)), nprocs=2)
+
+
+def test_global_unpicklable_is_named(no_process_may_start, tmp_path):
+    script = tmp_path / "nb.py"
+    script.write_text(
+        "import threading, distlab\n"
+        "LOCK = threading.Lock()\n"
+        "def fn():\n    return LOCK.locked()\n"
+        "try:\n    distlab.run(fn)\nexcept distlab.NotPicklableError as e:\n    print(e)\n")
+    out = subprocess.check_output([sys.executable, str(script)], text=True, timeout=60)
+    assert "global variable `LOCK`" in out
