@@ -226,6 +226,11 @@ _originals: dict[str, object] = {}
 _installed = False
 
 
+def original(op: str):
+    """The unwrapped ``torch.distributed`` function (for distlab's own bookkeeping calls)."""
+    return _originals.get(op) or getattr(c10d, op)
+
+
 def current_call() -> Call | None:
     """The outermost distributed call this thread is inside right now, if any."""
     return getattr(_local, "current", None)

@@ -24,6 +24,8 @@ Success is judged by the results the ranks delivered, not by torchrun's exit cod
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import shutil
@@ -39,6 +41,28 @@ MAX_NPROCS = 64
 """The most ranks one local run may start (8 processes on 2 cores already crawl)."""
 
 BACKENDS = (None, "auto", "gloo", "nccl")
+
+
+_rank_setup: contextvars.ContextVar[tuple] = contextvars.ContextVar("distlab_rank_setup", default=())
+
+
+@contextlib.contextmanager
+def rank_setup(module: str, function: str, when: str = "call", **kwargs):
+    """Run ``module.function(**kwargs)`` on every rank of the runs started inside this block.
+
+    ``when="start"`` runs it first thing in the rank (before torch is imported: resource
+    limits); ``when="call"`` runs it just before the user's function (after the process group
+    and the call recorder exist: e.g. disabling APIs an exercise forbids). The grader uses
+    this; the arguments must be JSON-serialisable.
+    """
+    if when not in ("start", "call"):
+        raise ValueError(f"when must be 'start' or 'call', got {when!r}")
+    step = {"module": module, "function": function, "when": when, "kwargs": kwargs}
+    token = _rank_setup.set(_rank_setup.get() + (step,))
+    try:
+        yield
+    finally:
+        _rank_setup.reset(token)
 
 
 LAUNCHERS = {"local": LocalJob}
@@ -88,7 +112,8 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
     run_dir = Path(tempfile.mkdtemp(prefix="distlab-"))
     try:
         (run_dir / files.PAYLOAD).write_bytes(blob)
-        options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": seed}
+        options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": seed,
+                   "setup": list(_rank_setup.get())}
         (run_dir / files.OPTIONS).write_text(json.dumps(options))
         job = job_class(run_dir, nprocs, timeout, backend, threads)
         try:

@@ -80,10 +80,28 @@ def _report_exception(run_dir: Path, rank: int, exc: BaseException) -> None:
     files.write_atomically(files.error_file(run_dir, rank), serialize.dumps_result(report))
 
 
+def _run_setup(options: dict, when: str) -> None:
+    """Run the setup steps the caller asked for at this point (see ``distlab.launch.rank_setup``)."""
+    import importlib
+
+    for step in options["setup"]:
+        if step["when"] == when:
+            getattr(importlib.import_module(step["module"]), step["function"])(**step["kwargs"])
+
+
 def main() -> None:
     run_dir = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     _leash_and_redirect(run_dir, rank)
+    options = json.loads((run_dir / files.OPTIONS).read_text())
+    for entry in options["sys_path"]:  # the caller's import path, before unpickling needs it
+        if entry not in sys.path:
+            sys.path.append(entry)
+    try:
+        _run_setup(options, "start")
+    except BaseException as exc:  # noqa: BLE001
+        _report_exception(run_dir, rank, exc)
+        _leave(None, ok=False)
 
     import datetime
 
@@ -106,12 +124,9 @@ def main() -> None:
         _watch_calls(run_dir, rank)
         files.write_state(run_dir, rank, {"phase": "user", "since": time.time()})
 
-        options = json.loads((run_dir / files.OPTIONS).read_text())
-        for entry in options["sys_path"]:  # the caller's import path, before unpickling needs it
-            if entry not in sys.path:
-                sys.path.append(entry)
         fn, args, kwargs = serialize.loads((run_dir / files.PAYLOAD).read_bytes())
         _seed(options["seed"])
+        _run_setup(options, "call")
         result = fn(*args, **kwargs)
         data = serialize.dumps_result(result)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
@@ -143,8 +158,10 @@ def _leave(dist, ok: bool) -> None:
         time.sleep(30)
         os._exit(1)
     if dist.is_initialized():
-        try:
-            dist.barrier()  # nobody leaves while a peer may still be receiving from it
+        from distlab import comm
+
+        try:  # nobody leaves while a peer may still be receiving from it (unrecorded barrier)
+            comm.original("barrier")()
             dist.destroy_process_group()
         except Exception:
             pass
