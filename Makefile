@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # This machine's pip configuration prints a harmless warning per package; keep the log readable.
 QUIET_PIP := grep -v '^WARNING: Location' || true
 
-.PHONY: venv test test-fast book bench clean
+.PHONY: venv system-deps test test-fast book bench clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,10 @@ $(STAMP): requirements.txt pyproject.toml
 		echo "error: a CUDA build of torch was installed; the course pins the CPU build"; exit 1; fi
 	touch $(STAMP)
 
-test: $(STAMP)
+system-deps:
+	bash scripts/install-system-deps.sh
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).

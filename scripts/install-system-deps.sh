@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Debian packages the tests need (run by `make test`; needs root, as on CI and course machines).
+# Each feature adds its packages to PACKAGES with a comment saying which tests use them.
+set -euo pipefail
+PACKAGES=(
+)
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "error: the tests need these Debian packages: ${missing[*]} (run as root, or apt-get install them)" >&2
+  exit 1
+fi
+echo "installing Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
