@@ -269,3 +269,21 @@ def test_global_unpicklable_is_named(no_process_may_start, tmp_path):
         "try:\n    distlab.run(fn)\nexcept distlab.NotPicklableError as e:\n    print(e)\n")
     out = subprocess.check_output([sys.executable, str(script)], text=True, timeout=60)
     assert "global variable `LOCK`" in out
+
+
+# ---- concurrency ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ten_concurrent_runs_from_different_processes_do_not_collide():
+    # Ten notebooks on one login node, all at once: ports and run directories must not clash.
+    code = ("import sys, distlab, torch, torch.distributed as dist\n"
+            "k = int(sys.argv[1])\n"
+            "def f():\n    t = torch.tensor([k + dist.get_rank()])\n    dist.all_reduce(t)\n    return t.item()\n"
+            "print('RESULT', distlab.run(f, nprocs=2, timeout=400))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(k)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in range(10)]
+    for k, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=500)
+        assert proc.returncode == 0, err[-2000:]
+        assert f"RESULT {[2 * k + 1] * 2}" in out

@@ -1,0 +1,113 @@
+"""distlab in a real Jupyter kernel: run and %%distributed under nbclient, interrupts, a killed kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import nbformat
+import pytest
+from jupyter_client import KernelManager
+from nbclient import NotebookClient
+
+from conftest import wait_until_gone
+
+
+def execute(cells: list[tuple[str, list[str]]]):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src, metadata={"tags": tags}) for src, tags in cells]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    return nb
+
+
+def text_of(cell) -> str:
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", ""))
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+    return "".join(parts)
+
+
+def test_run_and_the_cell_magic_in_a_notebook():
+    nb = execute([
+        ("import distlab, torch, torch.distributed as dist\n%load_ext distlab", []),
+        ("def who():\n    print('I am', dist.get_rank())\n    return dist.get_rank()\ndistlab.run(who, nprocs=2)", []),
+        ("scale = 3", []),
+        ("%%distributed -n 2 --out values\n"
+         "t = torch.ones(1) * (rank + scale)\n"
+         "print('world', world_size)\n"
+         "dist.all_reduce(t)\n"
+         "t.item()", []),
+        ("values", []),
+        ("%%distributed -n 2\nx = 1", []),
+        ("%%distributed -n 2\nif rank == 1:\n    raise KeyError('missing on one')", ["raises-exception"]),
+        ("import threading\nlock = threading.Lock()", []),
+        ("%%distributed -n 2\nlock.locked()", ["raises-exception"]),
+    ])
+    cells = nb.cells
+    assert "[rank 0] I am 0" in text_of(cells[1]) and "[rank 1] I am 1" in text_of(cells[1])
+    assert "[0, 1]" in text_of(cells[1])
+    assert "[rank 0] world 2" in text_of(cells[3]) and "[7.0, 7.0]" in text_of(cells[3])
+    assert "[7.0, 7.0]" in text_of(cells[4])
+    assert not [o for o in cells[5].outputs if o.output_type == "execute_result"]  # no value, no Out
+    error = text_of(cells[6])
+    assert error.startswith("RankError: rank 1 raised KeyError") and "<distributed cell>" in error
+    assert "raise KeyError('missing on one')" in error  # the cell's source line in the traceback
+    assert "NotPicklableError" in text_of(cells[8]) and "`lock`" in text_of(cells[8])
+
+
+SLEEPER = """
+import os, time, distlab
+def sleeper(folder):
+    import torch.distributed as dist
+    with open(os.path.join(folder, f"pids-{dist.get_rank()}"), "w") as f:
+        f.write(f"{os.getpid()} {os.getppid()}")
+    time.sleep(300)
+"""
+
+
+def wait_for_pids(folder, n, seconds=60) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        files = sorted(folder.glob("pids-*"))
+        if len(files) == n and all(f.read_text() for f in files):
+            pids = [int(p) for f in files for p in f.read_text().split()]
+            for f in files:
+                f.unlink()
+            return sorted(set(pids))
+        time.sleep(0.1)
+    raise AssertionError("the ranks did not start")
+
+
+@pytest.mark.slow
+def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        kc.execute(SLEEPER)
+        # 1. Interrupt (the notebook's stop button): KeyboardInterrupt, and the ranks are gone.
+        msg_id = kc.execute(f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2, timeout=200)")
+        pids = wait_for_pids(tmp_path, 2)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert not wait_until_gone(pids, 5.0), "ranks survived an interrupt"
+        # 2. The kernel is SIGKILLed mid-run: torchrun and the workers die with it.
+        kc.execute(f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2, timeout=200)")
+        pids = wait_for_pids(tmp_path, 2)
+        kc.stop_channels()
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        assert not wait_until_gone(pids, 5.0), "ranks survived their kernel"
+    finally:
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
