@@ -35,6 +35,7 @@ from pathlib import Path
 
 from distlab import serialize
 from distlab import rundir as files
+from distlab import slurm
 from distlab.local import LocalJob
 
 MAX_NPROCS = 64
@@ -65,14 +66,19 @@ def rank_setup(module: str, function: str, when: str = "call", **kwargs):
         _rank_setup.reset(token)
 
 
-LAUNCHERS = {"local": LocalJob}
+LAUNCHERS = {"local": LocalJob, "srun": slurm.SrunJob, "sbatch": slurm.SbatchJob}
 """Launcher name -> job class. ``"auto"`` picks one (see :func:`choose_launcher`)."""
 
 
 def choose_launcher(name: str) -> type:
-    """The job class for a launcher name; ``"auto"`` means local (Slurm adds its own rules)."""
+    """The job class for a launcher name.
+
+    ``"auto"`` means: ``$DISTLAB_LAUNCHER`` if set; else ``"srun"`` inside a Slurm allocation
+    (``SLURM_JOB_ID`` set and ``srun`` installed: a shell from ``salloc``, a batch job, a
+    notebook server started as a Slurm job); else ``"local"``.
+    """
     if name == "auto":
-        name = "local"
+        name = os.environ.get("DISTLAB_LAUNCHER") or ("srun" if slurm.in_allocation() else "local")
     if name not in LAUNCHERS:
         raise ValueError(f"launcher must be 'auto' or one of {sorted(LAUNCHERS)}, got {name!r}")
     return LAUNCHERS[name]
@@ -92,7 +98,8 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
             or ``"gloo"`` / ``"nccl"`` explicitly.
         threads: torch threads per rank; default ``max(1, cores // nprocs)``.
         seed: every rank seeds ``random``, ``torch`` (and ``numpy`` if loaded) with it.
-        launcher: ``"local"`` (torchrun on this machine) or ``"auto"``.
+        launcher: ``"local"`` (torchrun on this machine), ``"srun"`` (inside a Slurm allocation),
+            ``"sbatch"`` (a Slurm batch job) or ``"auto"`` (srun inside an allocation, else local).
 
     The names ``nprocs, timeout, backend, threads, seed, launcher`` are taken by ``run``;
     pass arguments of ``fn`` with those names positionally.

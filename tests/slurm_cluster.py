@@ -1,0 +1,338 @@
+"""A real, private, two-node Slurm cluster on this one machine, for the tests of distlab.slurm.
+
+    python tests/slurm_cluster.py DIR     # start it; Ctrl-C (or SIGTERM) tears it down
+
+It runs Debian's own daemons (package ``slurm-wlm``, Slurm 22.05, and ``munge``), started by
+hand because test machines have no systemd:
+
+* ``munged`` with a fresh key and a socket of its own (never the system's munge),
+* ``slurmctld`` (the controller) and two ``slurmd`` (nodes ``distlab-n1``, ``distlab-n2``):
+  Debian builds Slurm with "multiple slurmd" support, so both run here, on their own ports.
+
+Everything lives in ``DIR``: ``slurm.conf``, spool and state directories, logs, pid files.
+Clients find the cluster through ``SLURM_CONF=DIR/slurm.conf``; nothing in ``/etc/slurm`` is
+touched. Ports are picked free at start, so this cluster cannot collide with a real one.
+The one system change: the node names must resolve for torch's rendezvous, so if they do not,
+a line ``127.0.0.1 distlab-n1 distlab-n2 ...`` is appended to ``/etc/hosts`` (and left there:
+a second test session may be relying on it).
+
+This process is the cluster's supervisor. It marks itself a "child subreaper", so everything
+the daemons start and then orphan (``slurmstepd``, job processes) becomes *its* child. On
+teardown it cancels every job of this private cluster, ends the daemons by pid, then ends
+whatever descendants are left, by pid. It never signals anything by name.
+
+Facts this relies on (measured, see ../shared/MEASURED.md): no ``cgroup.conf`` (22.05 breaks
+on ``CgroupPlugin=disabled``), ``proctrack/linuxproc`` + ``task/none``; spool dirs created
+first; ``slurmd`` may ignore SIGTERM while it retries a dead controller (SIGKILL follows);
+Slurm client commands block for minutes when the controller is gone (every call here has a
+timeout).
+
+Protocol with the test fixture: once both nodes are idle, ``DIR/ready.json`` appears, holding
+``{"slurm_conf": ..., "nodes": [...], "partition": ...}``. If starting fails, the reason goes
+to ``DIR/failed.txt`` and the process exits with code 1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+NODES = ["distlab-n1", "distlab-n2"]
+HOST_ALIASES = NODES + [n + "i" for n in NODES]  # "i": the interconnect-suffix names, as at JSC
+PARTITION = "debug"
+HOSTS_LINE = "127.0.0.1 " + " ".join(HOST_ALIASES) + "  # distlab test Slurm cluster (tests/slurm_cluster.py)"
+CLIENT_TIMEOUT = 15  # seconds for any Slurm client call
+START_TIMEOUT = 60   # seconds for the whole cluster to come up
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started; the message says why."""
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_hardware() -> str:
+    """CPUs, sockets, cores, memory of this machine, as ``slurmd -C`` reports them."""
+    try:
+        out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+    except FileNotFoundError:
+        raise ClusterError("slurmd is not installed: `apt-get install slurm-wlm munge` "
+                           "(make test does it through scripts/install-system-deps.sh)") from None
+    first = (out.stdout.splitlines() or [""])[0]
+    if out.returncode != 0 or not first.startswith("NodeName="):
+        raise ClusterError(f"`slurmd -C` failed (exit {out.returncode}): {out.stderr.strip()}")
+    # "NodeName=vm CPUs=2 Boards=1 ... RealMemory=24105": keep everything but the name.
+    return " ".join(field for field in first.split() if not field.startswith("NodeName="))
+
+
+def write_config(root: Path) -> Path:
+    """Write ``root/slurm.conf`` for a controller and two nodes on 127.0.0.1; return its path."""
+    for sub in ("state", "log", "munge"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for node in NODES:
+        (root / "spool" / node).mkdir(parents=True, exist_ok=True)
+    hardware = node_hardware()
+    ctl_port = free_port()
+    lines = [
+        "# Written by tests/slurm_cluster.py: a private two-node test cluster on this machine.",
+        "ClusterName=distlabtest",
+        f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
+        f"SlurmctldPort={ctl_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={root}/munge/munge.socket",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmctldPidFile={root}/slurmctld.pid",
+        f"SlurmdPidFile={root}/slurmd-%n.pid",
+        f"SlurmctldLogFile={root}/log/slurmctld.log",
+        f"SlurmdLogFile={root}/log/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",  # no cgroups here (and no cgroup.conf at all)
+        "TaskPlugin=task/none",
+        "SwitchType=switch/none",
+        "MpiDefault=none",
+        "SchedulerType=sched/builtin",  # first come, first served: jobs start at once
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+        "MailProg=/bin/true",
+        "ReturnToService=2",
+        "KillWait=5",          # seconds between SIGTERM and SIGKILL when a job is cancelled
+        "MinJobAge=300",       # finished jobs stay visible to scontrol for 5 minutes
+        "InactiveLimit=0",
+        "SlurmdTimeout=60",
+        "MessageTimeout=10",
+    ]
+    for node in NODES:
+        lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
+                     f"Port={free_port()} {hardware} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
+    conf = root / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    return conf
+
+
+def ensure_node_names_resolve() -> None:
+    """torch's c10d rendezvous connects to the first node by name: make the names resolve."""
+    missing = [name for name in HOST_ALIASES if not _resolves(name)]
+    if not missing:
+        return
+    try:
+        with open("/etc/hosts", "a") as hosts:
+            hosts.write("\n" + HOSTS_LINE + "\n")
+    except OSError as exc:
+        raise ClusterError(f"the node names {missing} do not resolve and /etc/hosts is not "
+                           f"writable ({exc}); add this line to /etc/hosts:\n{HOSTS_LINE}") from None
+    still = [name for name in HOST_ALIASES if not _resolves(name)]
+    if still:
+        raise ClusterError(f"added {HOSTS_LINE!r} to /etc/hosts but {still} still do not resolve")
+
+
+def _resolves(name: str) -> bool:
+    try:
+        socket.gethostbyname(name)
+        return True
+    except OSError:
+        return False
+
+
+# -- the daemons ------------------------------------------------------------------------------
+
+class Cluster:
+    """Start munged, slurmctld and one slurmd per node; stop them (and what they left) by pid."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.daemons: dict[str, subprocess.Popen] = {}
+        self.env = dict(os.environ)
+        self.conf: Path | None = None
+
+    def start(self) -> dict:
+        self.conf = write_config(self.root)
+        self.env["SLURM_CONF"] = str(self.conf)
+        ensure_node_names_resolve()
+        self._start_munge()
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        for node in NODES:
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+        self._wait_for_idle_nodes()
+        return {"slurm_conf": str(self.conf), "nodes": NODES, "partition": PARTITION,
+                "pids": {name: p.pid for name, p in self.daemons.items()}}
+
+    def _start_munge(self) -> None:
+        key = self.root / "munge" / "munge.key"
+        out = subprocess.run(["mungekey", "--create", f"--keyfile={key}"],
+                             capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+        if out.returncode != 0:
+            raise ClusterError(f"mungekey failed: {out.stderr.strip()}")
+        os.chmod(self.root / "munge", 0o755)  # munged wants its socket directory searchable
+        sock = self.root / "munge" / "munge.socket"
+        self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={key}",
+                               f"--socket={sock}", f"--pid-file={self.root}/munge/munged.pid",
+                               f"--log-file={self.root}/log/munged.log",
+                               f"--seed-file={self.root}/munge/munged.seed"])
+        self._wait_for(lambda: sock.exists(), 10, "munged did not create its socket")
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        log = open(self.root / "log" / f"{name}.stdout", "wb")
+        try:
+            self.daemons[name] = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
+                                                  stdout=log, stderr=subprocess.STDOUT)
+        except FileNotFoundError:
+            raise ClusterError(f"{cmd[0]} is not installed: `apt-get install slurm-wlm munge` "
+                               "(make test does it through scripts/install-system-deps.sh)") from None
+        finally:
+            log.close()
+
+    def _wait_for(self, ready, seconds: float, what: str) -> None:
+        deadline = time.monotonic() + seconds
+        while not ready():
+            for name, proc in self.daemons.items():
+                if proc.poll() is not None:
+                    raise ClusterError(f"{name} exited with code {proc.returncode} while starting. "
+                                       f"{self.logs_tail()}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{what} within {seconds:g} s. {self.logs_tail()}")
+            time.sleep(0.2)
+
+    def _wait_for_idle_nodes(self) -> None:
+        def idle() -> bool:
+            out = self.client(["sinfo", "--noheader", "--Node", "--format=%N %t"], check=False)
+            states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+            return all(states.get(node) == "idle" for node in NODES)
+
+        self._wait_for(idle, START_TIMEOUT, f"nodes {NODES} did not become idle")
+
+    def client(self, cmd: list[str], check: bool = True) -> str:
+        """Run a Slurm client command against this cluster, with a timeout."""
+        try:
+            out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            if check:
+                raise ClusterError(f"{' '.join(cmd)} did not answer within {CLIENT_TIMEOUT} s") from None
+            return ""
+        if check and out.returncode != 0:
+            raise ClusterError(f"{' '.join(cmd)} failed: {out.stderr.strip()}")
+        return out.stdout
+
+    def logs_tail(self, lines: int = 15) -> str:
+        parts = []
+        for log in sorted((self.root / "log").glob("*")):
+            text = log.read_text(errors="replace").strip().splitlines()
+            if text:
+                parts.append(f"--- {log.name} ---\n" + "\n".join(text[-lines:]))
+        return "Daemon logs:\n" + "\n".join(parts) if parts else "(no daemon logs)"
+
+    def stop(self) -> None:
+        """Cancel every job, end the daemons by pid, then end every process left below us."""
+        if "slurmctld" in self.daemons and self.daemons["slurmctld"].poll() is None:
+            self.client(["scancel", "--full", "--user", str(os.getuid())], check=False)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                if not self.client(["squeue", "--noheader", "--format=%i"], check=False).strip():
+                    break
+                time.sleep(0.3)
+        # Nodes first (they would otherwise retry the controller), then controller, then munge.
+        order = [n for n in self.daemons if n.startswith("slurmd")] + ["slurmctld", "munged"]
+        for name in order:
+            proc = self.daemons.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:  # e.g. slurmd retrying a gone controller
+                    proc.kill()
+                    proc.wait(timeout=5)
+        end_descendants()
+
+
+# -- the supervisor process ---------------------------------------------------------------------
+
+def end_descendants(grace: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL, every process below this one (they are ours: we are a subreaper)."""
+    me = psutil.Process()
+    procs = me.children(recursive=True)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive + me.children(recursive=True):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(me.children(recursive=True), timeout=grace)
+    reap_orphans()
+
+
+def reap_orphans() -> None:
+    """Collect the exit status of adopted children (slurmstepd, job processes) so no zombie stays."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main(root: Path) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans below us become our children
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # the test run died: tear down
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    root.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(root)
+    try:
+        started = time.monotonic()
+        info = cluster.start()
+        info["start_seconds"] = round(time.monotonic() - started, 2)
+        (root / "ready.json").write_text(json.dumps(info))
+        print(f"Slurm test cluster up in {info['start_seconds']} s: export SLURM_CONF={info['slurm_conf']}",
+              flush=True)
+        while not stopping:
+            time.sleep(0.2)
+            reap_orphans()
+            dead = [name for name, p in cluster.daemons.items() if p.poll() is not None]
+            if dead:
+                print(f"daemon(s) {dead} exited; tearing down. {cluster.logs_tail()}", flush=True)
+                break
+        return 0
+    except ClusterError as exc:
+        (root / "failed.txt").write_text(str(exc))
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} DIR   (DIR: where the cluster's config, logs and spool go)")
+    sys.exit(main(Path(sys.argv[1]).resolve()))
