@@ -3,6 +3,10 @@
 # Each feature adds its packages to PACKAGES with a comment saying which tests use them.
 set -euo pipefail
 PACKAGES=(
+  # tests/test_slurm.py: a real two-node Slurm cluster on localhost (tests/slurm_cluster.py)
+  # runs Debian's slurmctld + two slurmd (slurm-wlm) authenticated by munge.
+  slurm-wlm
+  munge
 )
 missing=()
 for pkg in "${PACKAGES[@]}"; do
