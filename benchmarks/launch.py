@@ -6,7 +6,10 @@ Prints, from one run of this script (medians over --repeat launches each):
   process group and calls a barrier;
 * ``distlab.run(noop, nprocs=N)``, which does the same plus pickling the function, the
   result files, output streaming and cleanup;
-* their ratio (the target is at most 1.3).
+* their ratio (the target is at most 1.3);
+* ``pool.run(noop)`` on a warm :class:`distlab.Pool` (target: at most 0.5 s);
+* a notebook-like sequence of ``--cells`` cells, each a small all_reduce: cold (one launch
+  per cell) next to pooled (one launch, then warm calls), and their ratio.
 
 Usage: ``python benchmarks/launch.py [--nprocs 4] [--repeat 5]``. On 2 cores the noise
 between launches is large (all ranks import torch at once), hence medians.
@@ -36,6 +39,15 @@ def noop():
     return None
 
 
+def small_all_reduce():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1024)
+    dist.all_reduce(t)
+    return t[0].item()
+
+
 def time_it(fn, repeat: int) -> list[float]:
     times = []
     for _ in range(repeat):
@@ -56,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--cells", type=int, default=20)
     args = parser.parse_args()
 
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
@@ -67,12 +80,30 @@ def main() -> None:
         }
     finally:
         os.unlink(f.name)
+    start = time.perf_counter()
+    with distlab.Pool(nprocs=args.nprocs) as pool:
+        pool_start = time.perf_counter() - start
+        pool.run(noop)
+        rows["pool.run(noop), warm"] = time_it(lambda: pool.run(noop), args.repeat)
 
     print(f"{args.nprocs} ranks on {os.cpu_count()} cores, median of {args.repeat} launches each")
     for name, times in rows.items():
-        print(f"  {name:<40} {statistics.median(times):6.2f} s   (min {min(times):.2f}, max {max(times):.2f})")
-    bare, ours = (statistics.median(t) for t in rows.values())
-    print(f"  ratio distlab.run / bare torchrun          {ours / bare:6.2f}   (target <= 1.3)")
+        print(f"  {name:<40} {statistics.median(times):7.3f} s   (min {min(times):.3f}, max {max(times):.3f})")
+    bare, ours, pooled = (statistics.median(t) for t in rows.values())
+    print(f"  ratio distlab.run / bare torchrun          {ours / bare:7.2f}   (target <= 1.3)")
+    print(f"  pool start (once)                          {pool_start:7.3f} s")
+
+    cold = time_it(lambda: [distlab.run(small_all_reduce, nprocs=args.nprocs) for _ in range(args.cells)], 1)[0]
+
+    def pooled_sequence():
+        with distlab.Pool(nprocs=args.nprocs) as pool:
+            for _ in range(args.cells):
+                pool.run(small_all_reduce)
+    warm = time_it(pooled_sequence, 1)[0]
+    print(f"{args.cells} cells, each an all_reduce of 1024 floats on {args.nprocs} ranks:")
+    print(f"  cold (a launch per cell)                   {cold:7.2f} s")
+    print(f"  pooled (one launch, then warm calls)       {warm:7.2f} s")
+    print(f"  ratio cold / pooled                        {cold / warm:7.1f}")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,23 @@ def wait_until_gone(pids, seconds: float) -> list[int]:
         time.sleep(0.05)
 
 
+def _outside_live_pools(procs) -> list[int]:
+    """Pids of ``procs`` that belong to no pool still meant to be running (module-scoped fixtures)."""
+    import distlab
+
+    live = [str(pool.run_dir) for pool in distlab.active_pools().values() if pool.running]
+    return [p.pid for p in procs if not any(d in " ".join(p.cmdline()) for d in live)]
+
+
 @pytest.fixture(autouse=True)
 def no_rank_process_left_behind():
     yield
-    leftovers = wait_until_gone([p.pid for p in our_rank_processes()], 5.0)
+    leftovers = wait_until_gone(_outside_live_pools(our_rank_processes()), 5.0)
     assert not leftovers, f"processes left behind by this test: {leftovers}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_rank_process_left_at_the_end():
+    yield
+    leftovers = wait_until_gone([p.pid for p in our_rank_processes()], 10.0)
+    assert not leftovers, f"processes left behind by the test session: {leftovers}"

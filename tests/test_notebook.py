@@ -111,3 +111,46 @@ def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
     finally:
         if km.is_alive():
             km.shutdown_kernel(now=True)
+
+
+@pytest.mark.slow
+def test_a_notebook_with_a_warm_pool_survives_a_deadlocked_cell():
+    cells = [("import distlab, time\n%load_ext distlab", []), ("%distributed start -n 4", [])]
+    cells += [(f"%%distributed -n 4\nt = torch.ones(1) * {i}\ndist.all_reduce(t)\nt.item()", [])
+              for i in range(20)]
+    cells += [("%%distributed -n 4 --timeout 3\nif rank == 0:\n    dist.recv(torch.zeros(1), src=1)\n"
+               "else:\n    time.sleep(60)", ["raises-exception"]),
+              ("%%distributed -n 4\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", []),
+              ("%distributed status", []), ("%distributed stop", [])]
+    started = time.monotonic()
+    nb = execute(cells)
+    elapsed = time.monotonic() - started
+    out = [text_of(c) for c in nb.cells]
+    assert "4 ranks ready" in out[1]
+    for i in range(20):
+        assert f"[{4.0 * i}, {4.0 * i}, {4.0 * i}, {4.0 * i}]" in out[2 + i]
+    assert out[22].startswith("DistTimeout") and "rank 0: blocked in recv(float32[1], from rank 1" in out[22]
+    assert "starting fresh ranks for this pool (the previous call timed out" in out[23]
+    assert "[4.0, 4.0, 4.0, 4.0]" in out[23]
+    assert "active pools: 4 ranks" in out[24] and "pools stopped" in out[25]
+    # 20 warm cells must cost far less than 20 cold launches (~7 s each for 4 ranks here).
+    assert elapsed < 60, f"the notebook took {elapsed:.0f} s"
+
+
+@pytest.mark.slow
+def test_a_killed_kernel_takes_its_pool_with_it(tmp_path):
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        kc.execute(SLEEPER.replace("time.sleep(300)", "") + "\ndistlab.start_pool(2)\n"
+                   f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2)")
+        pids = wait_for_pids(tmp_path, 2)
+        kc.stop_channels()
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        assert not wait_until_gone(pids, 5.0), "pool ranks survived their kernel"
+    finally:
+        if km.is_alive():
+            km.shutdown_kernel(now=True)

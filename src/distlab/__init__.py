@@ -3,6 +3,7 @@
 The pieces, one idea per module:
 
 * :func:`run` (:mod:`distlab.launch`): call a function on N ranks through torchrun.
+* :class:`Pool` (:mod:`distlab.pool`): keep N ranks warm between calls.
 * :class:`RankError`, :class:`DistTimeout` (:mod:`distlab.errors`): what goes wrong, said clearly.
 * :mod:`distlab.comm`: record every distributed call a rank makes, with its bytes.
 * :func:`device` (:mod:`distlab.devices`): the device this rank should use.
@@ -13,9 +14,10 @@ The pieces, one idea per module:
 
 from distlab.errors import DistTimeout, LaunchError, RankError
 from distlab.launch import MAX_NPROCS, run
+from distlab.pool import Pool, active_pools, fresh_processes, start_pool, stop_pools
 from distlab.serialize import NotPicklableError
 
-__all__ = ["run", "RankError", "DistTimeout", "LaunchError", "NotPicklableError", "MAX_NPROCS",
+__all__ = ["run", "Pool", "start_pool", "stop_pools", "active_pools", "fresh_processes", "RankError", "DistTimeout", "LaunchError", "NotPicklableError", "MAX_NPROCS",
            "comm", "device", "load_ipython_extension"]
 
 

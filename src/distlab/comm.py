@@ -241,6 +241,13 @@ def pending_async() -> list[Call]:
     return list(_pending_async)
 
 
+def forget_pending() -> None:
+    """Forget async calls and open recorders left by a finished call (a pool's next call starts clean)."""
+    _pending_async.clear()
+    _waiting_for.clear()
+    _recorders.clear()
+
+
 def set_observer(callback) -> None:
     """Call ``callback(event, call)`` with ``event`` in ``{"enter", "exit"}`` around every recorded call."""
     global _observer

@@ -66,6 +66,11 @@ def rank_setup(module: str, function: str, when: str = "call", **kwargs):
         _rank_setup.reset(token)
 
 
+def current_rank_setup() -> list[dict]:
+    """The setup steps of the enclosing :func:`rank_setup` blocks, outermost first."""
+    return list(_rank_setup.get())
+
+
 LAUNCHERS = {"local": LocalJob, "srun": slurm.SrunJob, "sbatch": slurm.SbatchJob}
 """Launcher name -> job class. ``"auto"`` picks one (see :func:`choose_launcher`)."""
 
@@ -104,6 +109,9 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
     The names ``nprocs, timeout, backend, threads, seed, launcher`` are taken by ``run``;
     pass arguments of ``fn`` with those names positionally.
 
+    When a :class:`distlab.Pool` of ``nprocs`` ranks is active (``%distributed start``), the
+    call runs on its warm ranks instead of new ones, with the same behaviour and errors.
+
     Every other keyword argument goes to ``fn``. The process group is ready when ``fn``
     starts; ``torch.distributed.get_rank()`` tells a rank who it is.
 
@@ -113,14 +121,19 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
         ValueError, TypeError: bad arguments, before any process starts.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame from tracebacks
-    threads = _check_arguments(fn, nprocs, timeout, backend, threads)
+    from distlab.pool import active_pool
+
+    pool = active_pool(nprocs, backend, threads, launcher)
+    if pool is not None and not any(step["when"] == "start" for step in current_rank_setup()):
+        return pool.run(fn, *args, timeout=timeout, seed=seed, **kwargs)
+    threads = check_arguments(fn, nprocs, timeout, backend, threads)
     job_class = choose_launcher(launcher)
     blob = serialize.dumps_call(fn, args, kwargs)
     run_dir = Path(tempfile.mkdtemp(prefix="distlab-"))
     try:
         (run_dir / files.PAYLOAD).write_bytes(blob)
         options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": seed,
-                   "setup": list(_rank_setup.get())}
+                   "setup": current_rank_setup()}
         (run_dir / files.OPTIONS).write_text(json.dumps(options))
         job = job_class(run_dir, nprocs, timeout, backend, threads)
         try:
@@ -131,7 +144,7 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _check_arguments(fn, nprocs, timeout, backend, threads) -> int:
+def check_arguments(fn, nprocs, timeout, backend, threads) -> int:
     if not callable(fn):
         raise TypeError(f"distlab.run needs a function to call, got {type(fn).__name__} {fn!r}")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int):

@@ -26,18 +26,25 @@ from distlab.output import OutputEcho
 POLL_SECONDS = 0.01
 
 
-def torchrun_command(nprocs: int, run_dir: Path) -> list[str]:
+def torchrun_command(nprocs: int, run_dir: Path, pool: bool = False) -> list[str]:
     """The local launcher: one torchrun with its own rendezvous on a free port."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nprocs}", "--max-restarts=0", "--monitor-interval=0.05",
-            "--module", "distlab.worker", str(run_dir)]
+            "--module", "distlab.worker", str(run_dir)] + (["--pool"] if pool else [])
 
 
 class LocalJob:
-    """One torchrun and its workers, from start to cleanup."""
+    """One torchrun and its workers, from start to cleanup.
 
-    def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int):
-        self.run_dir, self.nprocs, self.timeout = run_dir, nprocs, timeout
+    A plain job runs one call, whose files are in ``run_dir`` itself. A pool job
+    (``pool=True``, used by :class:`distlab.Pool`) keeps its ranks for many calls, each in its
+    own folder ``run_dir/call-<k>``; :meth:`wait` watches one call at a time.
+    """
+
+    def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int,
+                 pool: bool = False):
+        self.run_dir, self.nprocs, self.timeout, self.pool = run_dir, nprocs, timeout, pool
+        self.call_dir = run_dir
         self.started = time.monotonic()
         self.echo = OutputEcho(run_dir, nprocs)
         self.succeeded = False
@@ -63,27 +70,48 @@ class LocalJob:
 
     def command(self) -> list[str]:
         """The command that starts the ranks (the Slurm launchers wrap it in ``srun``)."""
-        return torchrun_command(self.nprocs, self.run_dir)
+        return torchrun_command(self.nprocs, self.run_dir, self.pool)
 
     # -- waiting --------------------------------------------------------------------------------
 
-    def wait(self) -> list:
+    def wait(self, call_dir: Path | None = None, timeout: float | None = None) -> list:
+        """Watch one call until every rank delivered its result; return them in rank order.
+
+        Without ``call_dir``: the job's single call, timed from the job's start. With it: one
+        call of a pool, timed from now.
+        """
         __tracebackhide__ = True  # noqa: F841
-        deadline = self.started + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        self.call_dir = call_dir or self.run_dir
+        self.succeeded = False
+        deadline = (self.started if call_dir is None else time.monotonic()) + timeout
+        results = [files.result_file(self.call_dir, r) for r in range(self.nprocs)]
+        self._watch(lambda: all(path.exists() for path in results), deadline, timeout)
+        self.succeeded = True
+        return [serialize.loads(path.read_bytes()) for path in results]
+
+    def wait_until_ready(self, timeout: float) -> None:
+        """For a pool: wait until every rank has joined the process group and waits for calls."""
+        def ready():
+            return all((files.read_state(self.run_dir, r) or {}).get("phase") == "ready"
+                       for r in range(self.nprocs))
+        self._watch(ready, self.started + timeout, timeout)
+
+    def _watch(self, done, deadline: float, timeout: float) -> None:
+        __tracebackhide__ = True  # noqa: F841
+        errors = [files.error_file(self.call_dir, r) for r in range(self.nprocs)]
         while True:
             self.echo.pump()
             self._note_workers()
-            if any(files.error_file(self.run_dir, r).exists() for r in range(self.nprocs)):
+            if any(path.exists() for path in errors):
                 raise self._rank_error()
-            if all(files.result_file(self.run_dir, r).exists() for r in range(self.nprocs)):
-                self.succeeded = True
-                return [serialize.loads(files.result_file(self.run_dir, r).read_bytes())
-                        for r in range(self.nprocs)]
+            if done():
+                return
             dead = self._dead_without_report()
             if dead or self.agent.poll() is not None:
                 raise self._ended_early(dead)
             if time.monotonic() > deadline:
-                raise DistTimeout(self.timeout, self._rank_states())
+                raise DistTimeout(timeout, self._rank_states())
             time.sleep(POLL_SECONDS)
 
     def _note_workers(self) -> None:
@@ -105,8 +133,8 @@ class LocalJob:
                 gone = not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
             except psutil.Error:
                 gone = True
-            if gone and not files.result_file(self.run_dir, rank).exists() \
-                    and not files.error_file(self.run_dir, rank).exists():
+            if gone and not files.result_file(self.call_dir, rank).exists() \
+                    and not files.error_file(self.call_dir, rank).exists():
                 dead.append(rank)
         return dead
 
@@ -115,7 +143,7 @@ class LocalJob:
     def _reports(self) -> dict[int, dict]:
         reports = {}
         for rank in range(self.nprocs):
-            path = files.error_file(self.run_dir, rank)
+            path = files.error_file(self.call_dir, rank)
             if path.exists():
                 reports[rank] = serialize.loads(path.read_bytes())
         return reports
@@ -148,7 +176,7 @@ class LocalJob:
         reports = self._reports()
         if not culprits and reports:
             return _first_failure(reports)
-        missing = [r for r in range(self.nprocs) if not files.result_file(self.run_dir, r).exists()]
+        missing = [r for r in range(self.nprocs) if not files.result_file(self.call_dir, r).exists()]
         rank = (culprits or dead or missing or [0])[0]
         code = codes.get(rank)
         if code is None:
@@ -192,6 +220,8 @@ class LocalJob:
     def stop(self) -> None:
         """End torchrun and every worker: politely after success, at once otherwise."""
         if self.succeeded:
+            if self.pool:  # idle pool ranks leave when they see this file
+                files.write_atomically(self.run_dir / files.STOP, b"")
             try:  # the ranks are leaving by themselves; torchrun follows within its monitor interval
                 self.agent.wait(timeout=2.0)
             except subprocess.TimeoutExpired:

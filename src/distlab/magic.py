@@ -17,6 +17,10 @@ How names travel
     list (shown as the cell's output; ``--out NAME`` also stores it in ``NAME``). Variables
     assigned on the ranks stay there and vanish with them; return what you need.
 
+Warm ranks: ``%distributed start -n 4`` starts 4 ranks once (a few seconds); every later
+``%%distributed -n 4`` cell (and ``distlab.run(..., nprocs=4)``) reuses them and costs
+milliseconds instead of seconds. ``%distributed stop`` ends them; so does the kernel's end.
+
 The cell must be plain Python: IPython syntax (``%magic``, ``!shell``) has no meaning on a rank.
 Output, errors (:class:`distlab.RankError`) and timeouts (:class:`distlab.DistTimeout`)
 behave exactly as in :func:`distlab.run`, which this calls.
@@ -25,11 +29,12 @@ behave exactly as in :func:`distlab.run`, which this calls.
 from __future__ import annotations
 
 import ast
+import time
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from distlab import launch, serialize
+from distlab import launch, pool, serialize
 
 CELL_FILENAME = "<distributed cell>"
 GIVEN_ON_RANKS = {"torch", "dist", "rank", "world_size", "device"}
@@ -84,17 +89,44 @@ class DistributedMagics(Magics):
     @argument("--timeout", type=float, default=60.0, help="seconds before DistTimeout (default 60)")
     @argument("--backend", default=None, help="gloo or nccl (default: chosen from the hardware)")
     @argument("--out", default=None, help="also store the per-rank results in this variable")
-    @cell_magic
-    def distributed(self, line, cell):
-        """Run this cell on N ranks: ``%%distributed -n 4 [--timeout S] [--out NAME]``."""
+    @argument("action", nargs="?", choices=["start", "stop", "status"],
+              help="line magic only: start or stop a warm pool of -n ranks, or show the pools")
+    @line_cell_magic
+    def distributed(self, line, cell=None):
+        """Run this cell on N ranks: ``%%distributed -n 4 [--timeout S] [--out NAME]``.
+
+        As a line magic, manage warm ranks that the following cells reuse:
+        ``%distributed start -n 4``, ``%distributed stop``, ``%distributed status``.
+        """
         __tracebackhide__ = True  # noqa: F841
         args = parse_argstring(self.distributed, line)
+        if cell is None:
+            return self._manage_pools(args)
+        if args.action:
+            raise ValueError(f"%%distributed runs a cell; use the line magic for `{args.action}`")
         namespace = names_to_send(cell, self.shell.user_ns)
         results = launch.run(run_cell_on_rank, cell, namespace, nprocs=args.nprocs,
                              timeout=args.timeout, backend=args.backend)
         if args.out:
             self.shell.user_ns[args.out] = results
         return results if any(r is not None for r in results) else None
+
+
+    def _manage_pools(self, args) -> None:
+        if args.action == "start":
+            started = time.monotonic()
+            pool.start_pool(args.nprocs, backend=args.backend)
+            print(f"distlab: {args.nprocs} ranks ready in {time.monotonic() - started:.1f} s; "
+                  f"cells with -n {args.nprocs} and distlab.run(..., nprocs={args.nprocs}) now reuse them")
+        elif args.action == "stop":
+            pool.stop_pools()
+            print("distlab: pools stopped")
+        elif args.action == "status":
+            pools = pool.active_pools()
+            print("distlab: no active pool" if not pools else
+                  "distlab: active pools: " + ", ".join(f"{n} ranks" for n in sorted(pools)))
+        else:
+            raise ValueError("use %distributed start -n N, %distributed stop or %distributed status")
 
 
 def register(ipython) -> None:

@@ -15,6 +15,10 @@ two runs, from two notebooks or two users, never touch the same files. Inside it
 ``agent.log``           what torchrun itself printed
 ======================  =====================================================
 
+A pool (:class:`distlab.Pool`) keeps its ranks for many calls: each call gets a folder
+``call-<k>`` holding that call's ``options.json``, ``payload.pkl``, results and errors,
+while pids, states and output stay at the top. A ``stop`` file tells idle ranks to leave.
+
 Files that others read are written to a temporary name and renamed into place, so a
 reader sees either nothing or the whole file, never half of it.
 """
@@ -28,6 +32,12 @@ from pathlib import Path
 PAYLOAD = "payload.pkl"
 OPTIONS = "options.json"
 AGENT_LOG = "agent.log"
+STOP = "stop"
+
+
+def call_dir(run_dir: Path, index: int) -> Path:
+    """Where call number ``index`` of a pool keeps its payload, results and errors."""
+    return run_dir / f"call-{index}"
 
 
 def pid_file(rundir: Path, rank: int) -> Path:

@@ -10,7 +10,9 @@ In order:
 4. Install the call recorder (:mod:`distlab.comm`) and keep ``state-<rank>.json`` up to
    date, so that on a timeout the notebook can say which call we are stuck in.
 5. Load the function, seed the random generators, run it, and write the result, or the
-   exception with its traceback.
+   exception with its traceback. In pool mode (``--pool``, see :mod:`distlab.pool`), do this
+   for each call that appears in ``call-<k>/`` until told to stop, and undo between calls
+   what :mod:`distlab.isolation` can undo (patched torch functions, RNG state).
 6. Leave cleanly: wait for the others, destroy the process group and ``os._exit(0)``
    (a normal interpreter exit after DDP sometimes aborts in a C++ destructor).
 """
@@ -80,25 +82,81 @@ def _report_exception(run_dir: Path, rank: int, exc: BaseException) -> None:
     files.write_atomically(files.error_file(run_dir, rank), serialize.dumps_result(report))
 
 
-def _run_setup(options: dict, when: str) -> None:
-    """Run the setup steps the caller asked for at this point (see ``distlab.launch.rank_setup``)."""
+def _run_setup(options: dict, when: str) -> list:
+    """Run the setup steps the caller asked for at this point (see ``distlab.launch.rank_setup``).
+
+    A step may return a function that undoes it; those are returned, to be called after the call.
+    """
     import importlib
 
+    undo = []
     for step in options["setup"]:
         if step["when"] == when:
-            getattr(importlib.import_module(step["module"]), step["function"])(**step["kwargs"])
+            result = getattr(importlib.import_module(step["module"]), step["function"])(**step["kwargs"])
+            if callable(result):
+                undo.append(result)
+    return undo
+
+
+def _read_options(folder: Path) -> dict:
+    options = json.loads((folder / files.OPTIONS).read_text())
+    for entry in options["sys_path"]:  # the caller's import path, before unpickling needs it
+        if entry not in sys.path:
+            sys.path.append(entry)
+    return options
+
+
+def _run_call(run_dir: Path, call_dir: Path, rank: int) -> bool:
+    """Run the call whose files are in ``call_dir``; write its result or error. True if it returned."""
+    from distlab import comm, isolation, serialize
+
+    files.write_state(run_dir, rank, {"phase": "user", "since": time.time()})
+    saved = isolation.snapshot()
+    undo = []
+    try:
+        options = _read_options(call_dir)
+        fn, args, kwargs = serialize.loads((call_dir / files.PAYLOAD).read_bytes())
+        _seed(options["seed"])
+        undo = _run_setup(options, "call")
+        result = fn(*args, **kwargs)
+        data = serialize.dumps_result(result)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+        _report_exception(call_dir, rank, exc)
+        return False
+    finally:
+        for step in reversed(undo):
+            step()
+        isolation.restore(saved)
+        comm.forget_pending()
+    files.write_atomically(files.result_file(call_dir, rank), data)
+    files.write_state(run_dir, rank, {"phase": "returned", "since": time.time()})
+    return True
+
+
+def _serve_calls(run_dir: Path, rank: int) -> bool:
+    """Pool mode: run call-0, call-1, ... as they appear, until told to stop or a call fails."""
+    files.write_state(run_dir, rank, {"phase": "ready", "since": time.time()})
+    index = 0
+    while True:
+        call_dir = files.call_dir(run_dir, index)
+        idle_since = time.monotonic()
+        while not (call_dir / files.OPTIONS).exists():  # written last by the caller
+            if (run_dir / files.STOP).exists():
+                return True
+            # Poll fast right after a call (the next cell usually follows), slower when idle.
+            time.sleep(0.002 if time.monotonic() - idle_since < 1 else 0.05)
+        if not _run_call(run_dir, call_dir, rank):
+            return False
+        index += 1
 
 
 def main() -> None:
     run_dir = Path(sys.argv[1])
+    pool = "--pool" in sys.argv[2:]
     rank = int(os.environ["RANK"])
     _leash_and_redirect(run_dir, rank)
-    options = json.loads((run_dir / files.OPTIONS).read_text())
-    for entry in options["sys_path"]:  # the caller's import path, before unpickling needs it
-        if entry not in sys.path:
-            sys.path.append(entry)
     try:
-        _run_setup(options, "start")
+        _run_setup(_read_options(run_dir), "start")
     except BaseException as exc:  # noqa: BLE001
         _report_exception(run_dir, rank, exc)
         _leave(None, ok=False)
@@ -108,7 +166,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from distlab import devices, serialize
+    from distlab import devices
 
     torch.set_num_threads(int(os.environ.get("DISTLAB_THREADS", "1")))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
@@ -122,19 +180,11 @@ def main() -> None:
             torch.cuda.set_device(device_id)
         dist.init_process_group(backend, timeout=timeout, device_id=device_id)
         _watch_calls(run_dir, rank)
-        files.write_state(run_dir, rank, {"phase": "user", "since": time.time()})
-
-        fn, args, kwargs = serialize.loads((run_dir / files.PAYLOAD).read_bytes())
-        _seed(options["seed"])
-        _run_setup(options, "call")
-        result = fn(*args, **kwargs)
-        data = serialize.dumps_result(result)
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+    except BaseException as exc:  # noqa: BLE001
         _report_exception(run_dir, rank, exc)
         _leave(dist, ok=False)
-    files.write_atomically(files.result_file(run_dir, rank), data)
-    files.write_state(run_dir, rank, {"phase": "returned", "since": time.time()})
-    _leave(dist, ok=True)
+    ok = _serve_calls(run_dir, rank) if pool else _run_call(run_dir, run_dir, rank)
+    _leave(dist, ok)
 
 
 def _seed(seed: int) -> None:
@@ -157,7 +207,7 @@ def _leave(dist, ok: bool) -> None:
         # make torchrun kill our peers and blur which rank failed first.
         time.sleep(30)
         os._exit(1)
-    if dist.is_initialized():
+    if dist is not None and dist.is_initialized():
         from distlab import comm
 
         try:  # nobody leaves while a peer may still be receiving from it (unrecorded barrier)

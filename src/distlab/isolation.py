@@ -1,0 +1,73 @@
+"""What a warm pool puts back between two calls, so one call cannot change the next one's result.
+
+A :class:`distlab.Pool` keeps its rank processes alive between calls, so anything a call
+changes in a module stays changed. Between calls each rank therefore
+
+* puts back every attribute of the modules and classes below that the call replaced
+  (``dist.all_reduce = my_fake``, ``torch.allclose = lambda *a: True``), removes attributes
+  a call added to those classes (``torch.Tensor.sum = ...`` shadows the inherited method), and
+* restores torch's global settings: number of threads, default dtype, grad mode;
+
+and before each call it re-seeds ``random``, ``torch`` and ``numpy`` (see the worker).
+
+What persists, by design: the process group (that is the point of a pool), imported modules,
+CUDA/NCCL state, new attributes a call *added* to a module (importing ``torch.distributed.tensor``
+adds one, and removing it would break later imports), subgroups created with ``new_group``,
+files written to disk, and any module not listed here. The grader therefore runs every
+submission in fresh processes, not in a pool.
+"""
+
+from __future__ import annotations
+
+import sys
+
+WATCHED_MODULES = (
+    "torch", "torch.distributed", "torch.distributed.distributed_c10d", "torch.nn",
+    "torch.nn.functional", "torch.autograd", "torch.optim", "torch.testing", "numpy", "numpy.testing",
+)
+
+
+def _targets():
+    import torch
+
+    for name in WATCHED_MODULES:
+        if name in sys.modules:
+            yield name, sys.modules[name]
+    yield "torch.Tensor", torch.Tensor
+    yield "torch.nn.Module", torch.nn.Module
+
+
+def snapshot() -> dict:
+    """Remember the watched attributes and torch's global settings."""
+    import torch
+
+    saved = {name: dict(vars(target)) for name, target in _targets()}
+    saved["settings"] = (torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled())
+    return saved
+
+
+def restore(saved: dict) -> None:
+    """Put back every watched attribute a call replaced, and torch's global settings."""
+    import torch
+
+    for name, target in _targets():
+        before = saved.get(name)
+        if before is None:  # a module first imported during the call: nothing to restore
+            continue
+        now = vars(target)
+        for key, value in before.items():
+            if now.get(key, _MISSING) is not value:
+                try:
+                    setattr(target, key, value)
+                except (AttributeError, TypeError):  # read-only slots of C types
+                    pass
+        if isinstance(target, type):  # on a class, a new attribute shadows an inherited method
+            for key in set(now) - set(before):
+                delattr(target, key)
+    threads, dtype, grad = saved["settings"]
+    torch.set_num_threads(threads)
+    torch.set_default_dtype(dtype)
+    torch.set_grad_enabled(grad)
+
+
+_MISSING = object()
