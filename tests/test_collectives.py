@@ -1,0 +1,95 @@
+"""The from-scratch all-reduces agree with torch's and move the bytes the theory says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab import collectives
+
+
+def compare_with_builtin(numel, algorithm):
+    from distlab import comm
+
+    g = torch.Generator().manual_seed(dist.get_rank())
+    mine = torch.randn(numel, generator=g)
+    reference = mine.clone()
+    dist.all_reduce(reference)
+    with comm.record() as log:
+        getattr(collectives, f"{algorithm}_all_reduce")(mine)
+    return mine, reference, log
+
+
+@pytest.fixture(scope="module")
+def pools():
+    with distlab.Pool(2), distlab.Pool(4):
+        yield
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "naive"])
+@pytest.mark.parametrize("numel", [1, 7, 1000])  # fewer elements than ranks, uneven chunks, even
+def test_from_scratch_all_reduce_matches_torch(pools, n, algorithm, numel):
+    for mine, reference, log in distlab.run(compare_with_builtin, numel, algorithm, nprocs=n):
+        # float32 sums of n terms in another order: each differs from the exact sum by at most
+        # (n-1)·eps·sum|x| ≈ 3 · 1.2e-7 · 4 for standard normal inputs; 1e-5 absolute is ample.
+        torch.testing.assert_close(mine, reference, rtol=1e-6, atol=1e-5)
+        assert "all_reduce" not in log.counts(), "the from-scratch version called the built-in"
+
+
+def ring_bytes(numel):
+    from distlab import comm
+
+    t = torch.ones(numel)
+    with comm.record() as log:
+        collectives.ring_all_reduce(t)
+    return log.bytes_sent(), log.bytes_received(), t[0].item()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_sends_exactly_2_n_minus_1_over_n_of_the_tensor(pools, n):
+    numel = 1024  # divisible by n: every chunk is numel/n elements
+    size = numel * 4
+    for sent, received, value in distlab.run(ring_bytes, numel, nprocs=n):
+        assert value == n
+        assert sent == received == 2 * (n - 1) * size // n
+
+
+def state_per_step():
+    steps = []
+    t = torch.full((4,), float(dist.get_rank() + 1))
+    collectives.ring_all_reduce(t, on_step=lambda phase, step, chunks: steps.append(
+        (phase, step, torch.cat([c.clone() for c in chunks]))))
+    return steps
+
+
+def test_on_step_shows_every_intermediate_state(pools):
+    per_rank = distlab.run(state_per_step, nprocs=4)
+    for rank, steps in enumerate(per_rank):
+        assert [(p, s) for p, s, _ in steps] == [("reduce-scatter", s) for s in range(3)] + \
+            [("all-gather", s) for s in range(3)]
+        # After the reduce-scatter rank r owns the full sum (1+2+3+4) of chunk r+1 only.
+        after_rs = steps[2][2]
+        owned = (rank + 1) % 4
+        assert after_rs[owned].item() == 10.0
+        assert sum(after_rs[i].item() == 10.0 for i in range(4)) == 1
+        assert torch.equal(steps[-1][2], torch.full((4,), 10.0))
+
+
+def test_cost_model_and_fit():
+    alpha, beta = 5e-6, 1e-9
+    assert collectives.predicted_time("ring", 4, 1e6, alpha, beta) == pytest.approx(6 * alpha + 1.5e6 * beta)
+    assert collectives.predicted_time("tree", 4, 1e6, alpha, beta) == pytest.approx(4 * (alpha + 1e6 * beta))
+    assert collectives.predicted_time("naive", 4, 1e6, alpha, beta) == pytest.approx(6 * (alpha + 1e6 * beta))
+    # For large messages the ring wins, for tiny ones the tree (fewer latency terms).
+    assert collectives.predicted_time("ring", 64, 1e9, alpha, beta) < collectives.predicted_time("tree", 64, 1e9, alpha, beta)
+    assert collectives.predicted_time("tree", 64, 8, alpha, beta) < collectives.predicted_time("ring", 64, 8, alpha, beta)
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    times = [collectives.predicted_time("ring", 4, s, alpha, beta) for s in sizes]
+    fitted = collectives.fit_alpha_beta(sizes, times, 4)
+    assert fitted == pytest.approx((alpha, beta), rel=1e-6)
+    assert collectives.bus_bandwidth("all_reduce", 4, 1e9, 1.0) == pytest.approx(1.5e9)
+    with pytest.raises(ValueError):
+        collectives.predicted_time("star", 4, 1, 1, 1)
