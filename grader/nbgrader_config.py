@@ -1,0 +1,79 @@
+"""nbgrader configuration of the distlab course (nbgrader 0.9.6).
+
+Run nbgrader through ``python -m distlab.grade`` (or ``make grade-*``), which points
+nbgrader at this file; running ``nbgrader ...`` from inside ``grader/`` works too.
+
+Folders (relative to the repository root, which is the course root):
+
+* ``solutions/<slug>/<slug>.ipynb``  instructor version (source): solutions + hidden tests
+* ``notebooks/<slug>/<slug>.ipynb``  student version (release), generated, never hand-edited
+* ``grader/work/``                   git-ignored: submitted/, autograded/, feedback/,
+                                     the gradebook ``gradebook.db`` and the exchange inbox
+
+How grading differs from plain nbgrader (see ``src/distlab/grade/``):
+
+* the notebook runs in a kernel started from this project's ``.venv`` under per-process
+  resource caps, with a per-cell timeout, but the *test* cells are not run there:
+* the test cells run in a separate clean-room process that never executes student code
+  in-process; the student's functions run on fresh ranks under caps and guards, and come
+  back as plain data (tensors, numbers, strings, containers) decoded with a safe loader.
+  What the student's kernel does (monkey-patching torch, distlab.checks, distlab.run, the
+  traceback display, ...) therefore cannot change a verdict.
+"""
+
+import os
+import sys
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_REPO, "src"))  # this checkout's distlab, even if not installed
+
+from distlab.grade import config as _grading  # noqa: E402
+from distlab.grade import nbplugins as _plugins  # noqa: E402
+
+c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
+
+WORK = _grading.work_dir(_REPO)
+
+c.CourseDirectory.course_id = "distlab"
+c.CourseDirectory.root = _REPO
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "notebooks"
+c.CourseDirectory.submitted_directory = os.path.relpath(os.path.join(WORK, "submitted"), _REPO)
+c.CourseDirectory.autograded_directory = os.path.relpath(os.path.join(WORK, "autograded"), _REPO)
+c.CourseDirectory.feedback_directory = os.path.relpath(os.path.join(WORK, "feedback"), _REPO)
+c.CourseDirectory.solution_directory = os.path.relpath(os.path.join(WORK, "released-solutions"), _REPO)
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(WORK, "gradebook.db")
+c.Exchange.root = os.path.join(WORK, "exchange")
+# Collect: grader/work/downloaded/<slug>/archive/ holds one <student_id>.zip (or a folder
+# <student_id>/) per student with <slug>.ipynb inside; `nbgrader zip_collect` extracts and
+# copies them to submitted/<student_id>/<slug>/.
+c.ZipCollectApp.downloaded_directory = os.path.relpath(os.path.join(WORK, "downloaded"), _REPO)
+c.FileNameCollectorPlugin.named_regexp = _grading.COLLECT_REGEXP
+
+# Release: the student version must not carry outputs of the instructor's runs.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.GenerateAssignment.create_assignment = True
+
+# Autograde: student cells run in the .venv kernel under caps, with a per-cell timeout;
+# test cells run in the clean room (distlab.grade.cleanroom), which decides the scores.
+c.Execute.timeout = _grading.CELL_TIMEOUT_S
+c.Execute.interrupt_on_timeout = True
+c.OverwriteCells.add_missing_cells = True  # a deleted test cell comes back (and is run)
+c.LimitOutput.max_lines = 200
+c.Autograde.autograde_preprocessors = [
+    _plugins.KernelExecute,     # student cells in the kernel, test cells skipped
+    _plugins.CleanRoomTests,    # test cells in the clean room: outputs + verdicts
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+
+# Feedback: never show hidden tests, nor what a hidden test printed or raised in detail.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    _plugins.HideHiddenTestDetails,
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

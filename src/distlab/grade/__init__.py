@@ -1,0 +1,19 @@
+"""Grading distlab's exercise notebooks with nbgrader, in a way students' code cannot fool.
+
+The pieces, in the order a submission meets them:
+
+* :mod:`distlab.grade.__main__` (``python -m distlab.grade``): the instructor's commands:
+  release, collect, autograde, feedback, export. Each is a thin, printed wrapper around
+  the nbgrader command of the same job, run with ``grader/nbgrader_config.py``.
+* :mod:`distlab.grade.nbplugins`: the nbgrader plugins that config installs. The student's
+  cells run in a kernel started by :mod:`distlab.grade.kernel` (resource caps, a guard on
+  files and processes); the *test* cells are skipped there and run instead by
+* :mod:`distlab.grade.cleanroom`: a fresh process that never runs a line of the student's
+  code itself. It runs the instructor's test cells; where a test names a student function,
+  it gets a stand-in (:class:`distlab.grade.sandbox.StudentFunction`) that, on each rank,
+  runs the student's cells and calls the real function there. Results come back as plain
+  data through :mod:`distlab.grade.safeload` (a pickle loader that can build no objects
+  but tensors, numbers, strings and containers).
+* :mod:`distlab.grade.gradebook_guard`: after each submission, checks that the gradebook
+  is intact and restores it if the submission damaged it.
+"""

@@ -1,0 +1,149 @@
+"""The instructor's commands: ``python -m distlab.grade <command> ...`` (or ``make grade-...``).
+
+    release  [SLUG ...]                 solutions/<slug>/ -> notebooks/<slug>/ (the student version)
+    collect  SLUG --from DIR            DIR/<student_id>.zip or DIR/<student_id>/<slug>.ipynb -> submitted/
+    autograde SLUG [--student ID ...]   run and score every submission (clean-room tests)
+    feedback SLUG [--student ID ...]    HTML feedback per student, hidden tests removed
+    export   [--to FILE]                every score as CSV (default grader/work/grades.csv)
+    class    SLUG --from DIR            collect, autograde, feedback and export in one go
+
+Each command is nbgrader's own (``generate_assignment``, ``zip_collect``, ``autograde``,
+``generate_feedback``, ``export``) run with ``grader/nbgrader_config.py``; this wrapper prints
+what it is doing and how long it took, and says plainly when something failed. A failure on
+one submission (say, a notebook that is not valid JSON) is reported and the others go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from distlab.grade import config
+
+QUIET = ("Copying ", "  Copying to:", "Overwriting files", "Creating/updating student",
+         "Removing existing", "Updating/creating", "Extracting from", "  Extracting to")
+
+
+def say(message: str) -> None:
+    print(f"[distlab.grade] {message}", flush=True)
+
+
+def nbgrader(*args: str) -> int:
+    """Run ``nbgrader ARGS`` with the course config, streaming its log; return its exit code."""
+    repo = config.repo_root()
+    os.makedirs(config.work_dir(), exist_ok=True)
+    command = [sys.executable, "-m", "nbgrader", *args]
+    say("$ nbgrader " + " ".join(args))
+    env = dict(os.environ)
+    # nbgrader runs the `alembic` command by name: the .venv's bin must come first on PATH.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(repo, "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.Popen(command, cwd=os.path.join(repo, "grader"), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    for line in proc.stdout:
+        if not any(q in line for q in QUIET):
+            print("    " + line.rstrip(), flush=True)
+    return proc.wait()
+
+
+def slugs_in(folder: str) -> list[str]:
+    root = os.path.join(config.repo_root(), folder)
+    return sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, f"{d}.ipynb")))
+
+
+def release(slugs: list[str]) -> int:
+    slugs = slugs or slugs_in("solutions")
+    failed = 0
+    for i, slug in enumerate(slugs, 1):
+        say(f"release {i}/{len(slugs)}: solutions/{slug} -> notebooks/{slug}")
+        failed += nbgrader("generate_assignment", slug, "--force") != 0
+    return int(failed > 0)
+
+
+def collect(slug: str, source: str) -> int:
+    """Copy the class's files into nbgrader's zip-collect layout, then run ``zip_collect``."""
+    archive = os.path.join(config.work_dir(), "downloaded", slug, "archive")
+    if os.path.isdir(archive):
+        shutil.rmtree(archive)
+    os.makedirs(archive)
+    entries = sorted(os.listdir(source))
+    for name in entries:
+        path = os.path.join(source, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, os.path.join(archive, name))
+        else:
+            shutil.copy(path, archive)
+    say(f"collect: {len(entries)} submission(s) from {source} -> {archive}")
+    return nbgrader("zip_collect", slug, "--force")
+
+
+def _students(args) -> list[str]:
+    return [f"--student={s}" for s in (args.student or [])]
+
+
+def autograde(slug: str, students: list[str]) -> int:
+    start = time.monotonic()
+    code = nbgrader("autograde", slug, "--force", *students)
+    say(f"autograde {slug}: {'done' if code == 0 else 'done, with failures (see above)'} "
+        f"in {time.monotonic() - start:.1f} s")
+    return code
+
+
+def feedback(slug: str, students: list[str]) -> int:
+    code = nbgrader("generate_feedback", slug, "--force", *students)
+    say(f"feedback for {slug} is in {os.path.join(config.work_dir(), 'feedback')}")
+    return code
+
+
+def export(to: str | None) -> int:
+    to = os.path.abspath(to or os.path.join(config.work_dir(), "grades.csv"))
+    code = nbgrader("export", f"--to={to}")
+    if code == 0:
+        say(f"grades written to {to}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distlab.grade", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("release", help="generate notebooks/ from solutions/")
+    p.add_argument("slugs", nargs="*")
+    p = sub.add_parser("collect", help="collect submissions (zip files or folders per student)")
+    p.add_argument("slug")
+    p.add_argument("--from", dest="source", required=True)
+    for name in ("autograde", "feedback"):
+        p = sub.add_parser(name)
+        p.add_argument("slug")
+        p.add_argument("--student", action="append")
+    p = sub.add_parser("export", help="export all grades as CSV")
+    p.add_argument("--to")
+    p = sub.add_parser("class", help="collect, autograde, feedback, export")
+    p.add_argument("slug")
+    p.add_argument("--from", dest="source", required=True)
+    p.add_argument("--to")
+    args = parser.parse_args(argv)
+
+    if args.command == "release":
+        return release(args.slugs)
+    if args.command == "collect":
+        return collect(args.slug, args.source)
+    if args.command == "autograde":
+        return autograde(args.slug, _students(args))
+    if args.command == "feedback":
+        return feedback(args.slug, _students(args))
+    if args.command == "export":
+        return export(args.to)
+    codes = []
+    for step, run in enumerate((lambda: collect(args.slug, args.source), lambda: autograde(args.slug, []),
+                                lambda: feedback(args.slug, []), lambda: export(args.to)), 1):
+        say(f"class {args.slug}: step {step}/4")
+        codes.append(run())
+    return int(any(codes))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

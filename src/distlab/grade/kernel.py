@@ -1,0 +1,55 @@
+"""The grading kernel: ``python -m distlab.grade.kernel -f CONNECTION_FILE``.
+
+A plain IPython kernel of this Python (the project's ``.venv``), started by
+:class:`distlab.grade.nbplugins.GradingKernelManager`, that first caps and guards itself
+with what the grader put in ``DISTLAB_GRADE_KERNEL`` (a JSON object):
+
+* resource caps (:func:`distlab.limits.apply`): memory, processes below it, output size;
+  the ranks a student's cell starts inherit the memory and output caps;
+* the guard (:func:`distlab.guard.protect`): no file operation on the solutions, the
+  grader's folder (gradebook, other students) or git history (the submission's own folder
+  stays usable, except the notebook file, which holds the restored test cells); no process
+  started except torchrun for ``distlab.run``, at most a few others.
+
+Then it removes that variable from its environment and runs ipykernel as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _is_torchrun(args) -> bool:
+    try:
+        argv = list(args[1])
+        return argv[1:3] == ["-m", "torch.distributed.run"]
+    except (IndexError, TypeError):
+        return False
+
+
+def setup_from_environment() -> None:
+    raw = os.environ.pop("DISTLAB_GRADE_KERNEL", None)
+    if not raw:
+        return
+    cfg = json.loads(raw)
+    from distlab import guard, limits
+
+    limits.apply(memory_mb=cfg.get("memory_mb"), processes=cfg.get("processes"),
+                 output_mb=cfg.get("output_mb"), label="the grading kernel")
+    guard.deny_files(cfg.get("denied_files", []))
+    guard.protect(paths=cfg.get("protected", []), allowed=cfg.get("allowed", []),
+                  max_spawns=cfg.get("max_spawns", 4), allow_command=_is_torchrun)
+
+
+def main() -> None:
+    setup_from_environment()
+    from ipykernel import kernelapp
+
+    kernelapp.launch_new_instance()
+
+
+if __name__ == "__main__":
+    sys.argv[0] = "distlab-grading-kernel"
+    main()

@@ -1,0 +1,183 @@
+"""The nbgrader plugins of the distlab course (installed by ``grader/nbgrader_config.py``).
+
+* :class:`KernelExecute` replaces nbgrader's ``Execute``: the notebook runs in a kernel from
+  this project's ``.venv`` started through :mod:`distlab.grade.kernel` (caps + guard), with
+  nbgrader's per-cell timeout; autograder *test* cells are skipped there.
+* :class:`CleanRoomTests` runs right after it: it hands the notebook to the clean room
+  (:mod:`distlab.grade.cleanroom`, a separate process), and writes each test cell's output and
+  verdict into the notebook, where nbgrader's ``SaveAutoGrades`` scores them as usual
+  (an error output: 0 points; none: full points).
+* :class:`HideHiddenTestDetails` runs when feedback is generated: in test cells it removes
+  any line of hidden-test code that shows up in an output (nbgrader's ``ClearHiddenTests``,
+  which runs after it, removes the hidden code from the cell source).
+
+Both execution plugins leave no process behind: the nbgrader process is made a child
+subreaper, and after each notebook every process still below it is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from jupyter_client.manager import AsyncKernelManager
+from nbformat.notebooknode import NotebookNode
+from nbgrader import utils
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from traitlets import Integer, List, Unicode
+
+from distlab import limits
+from distlab.grade import config
+
+
+def is_test_cell(cell) -> bool:
+    """An autograder test: a grade cell that is not an answer, holding code."""
+    return cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
+
+
+class GradingKernelManager(AsyncKernelManager):
+    """Starts the kernel as ``<this python> -m distlab.grade.kernel``: the project's .venv, capped."""
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        return [sys.executable, "-m", "distlab.grade.kernel", "-f", self.connection_file] + list(extra_arguments or [])
+
+
+class KernelExecute(Execute):
+    """nbgrader's Execute, with the kernel under caps and the test cells left to the clean room."""
+
+    kernel_memory_mb = Integer(6144, help="Address-space cap of the grading kernel (MiB)").tag(config=True)
+    kernel_processes = Integer(24, help="Most live processes below the kernel (its ranks included)").tag(config=True)
+    kernel_output_mb = Integer(64, help="Largest file the kernel and its ranks may write (MiB)").tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        kwargs["kernel_manager_class"] = GradingKernelManager
+        super().__init__(*args, **kwargs)
+
+    def preprocess(self, nb, resources, km=None):
+        limits.become_subreaper()
+        cwd = resources.get("metadata", {}).get("path") or os.getcwd()
+        os.environ["DISTLAB_GRADE_KERNEL"] = json.dumps({
+            "memory_mb": self.kernel_memory_mb, "processes": self.kernel_processes,
+            "output_mb": self.kernel_output_mb, "protected": config.protected_paths(),
+            "allowed": [os.path.abspath(cwd)],
+            "denied_files": [os.path.join(os.path.abspath(cwd), f) for f in os.listdir(cwd) if f.endswith(".ipynb")]
+            if os.path.isdir(cwd) else [],
+        })
+        try:
+            return super().preprocess(nb, resources, km=km)
+        finally:
+            os.environ.pop("DISTLAB_GRADE_KERNEL", None)
+            limits.kill_descendants()
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        if is_test_cell(cell):
+            cell.outputs = []
+            cell.execution_count = None
+            return cell
+        return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+
+
+class CleanRoomTests(NbGraderPreprocessor):
+    """Runs the notebook's test cells in the clean room and records outputs and verdicts."""
+
+    rank_memory_mb = Integer(3072, help="Address-space cap of each graded rank (MiB)").tag(config=True)
+    rank_processes = Integer(4, help="Most live processes below each graded rank").tag(config=True)
+    rank_output_mb = Integer(16, help="Largest file (its printed output included) a graded rank may write (MiB)").tag(config=True)
+    rank_wall_s = Integer(300, help="Wall-clock seconds a graded rank may live").tag(config=True)
+    rank_cpu_s = Integer(600, help="CPU seconds a graded rank may use").tag(config=True)
+    test_timeout_s = Integer(config.TEST_CELL_TIMEOUT_S, help="Seconds per test cell in the clean room").tag(config=True)
+    forbidden = List(Unicode(), [], help="APIs that raise 'not allowed in this exercise' on graded ranks, "
+                                         "for every assignment (a notebook adds its own in metadata "
+                                         "distlab.forbidden)").tag(config=True)
+
+    def caps(self) -> dict:
+        return {"memory_mb": self.rank_memory_mb, "processes": self.rank_processes,
+                "output_mb": self.rank_output_mb, "wall_s": self.rank_wall_s, "cpu_s": self.rank_cpu_s,
+                "label": "this rank"}
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        from nbgrader.api import Gradebook
+
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gb:
+            source = gb.find_notebook(info["notebook"], info["assignment"])
+            trusted = [{"grade_id": c.name, "source": c.source} for c in source.source_cells
+                       if c.locked and c.cell_type == "code"]
+            test_ids = {c.name for c in source.grade_cells if not c.name in {s.name for s in source.solution_cells}}
+            tests = [{"grade_id": c.name, "source": c.source} for c in source.source_cells
+                     if c.name in test_ids and c.cell_type == "code"]
+        cells = [{"grade_id": cell.metadata.get("nbgrader", {}).get("grade_id"), "source": cell.source}
+                 for cell in nb.cells if cell.cell_type == "code"]
+        forbidden = list(self.forbidden) + list(nb.metadata.get("distlab", {}).get("forbidden", []))
+        job = {"cells": cells, "trusted_cells": trusted, "test_cells": tests, "caps": self.caps(),
+               "protected": config.protected_paths(), "forbidden": forbidden,
+               "test_timeout": self.test_timeout_s}
+        verdicts, problem = self.run_clean_room(job, len(tests))
+        for cell in nb.cells:
+            if not is_test_cell(cell):
+                continue
+            verdict = verdicts.get(cell.metadata.nbgrader["grade_id"])
+            if verdict is None:
+                verdict = {"passed": False, "outputs": [{
+                    "output_type": "error", "ename": "GradingError", "evalue": problem or "no verdict",
+                    "traceback": [f"GradingError: the grader could not check this cell: {problem or 'no verdict'}"]}]}
+            cell.outputs = [NotebookNode(o) for o in verdict["outputs"]]
+            if not verdict["passed"] and not any(o["output_type"] == "error" for o in verdict["outputs"]):
+                cell.outputs.append(NotebookNode({"output_type": "error", "ename": "TestFailed", "evalue": "",
+                                                  "traceback": ["TestFailed"]}))
+        return nb, resources
+
+    def run_clean_room(self, job: dict, n_tests: int) -> tuple[dict, str | None]:
+        """Start the clean-room process; return its verdicts (``{}`` and why, if it failed)."""
+        limits.become_subreaper()
+        budget = n_tests * self.test_timeout_s + 60
+        with tempfile.TemporaryDirectory(prefix="distlab-cleanroom-") as room:
+            os.chmod(room, 0o700)
+            job_path, verdict_path = os.path.join(room, "job.json"), os.path.join(room, "verdict.json")
+            with open(job_path, "w") as f:
+                json.dump(job, f)
+            start = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-m", "distlab.grade.cleanroom", job_path, verdict_path],
+                                    cwd=room, start_new_session=True, stdin=subprocess.DEVNULL)
+            problem = None
+            try:
+                proc.wait(timeout=budget)
+            except subprocess.TimeoutExpired:
+                problem = f"the clean room did not finish within {budget} s"
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            finally:
+                limits.kill_descendants()
+            self.log.info("Clean room finished in %.1f s", time.monotonic() - start)
+            try:
+                with open(verdict_path) as f:
+                    return json.load(f), None
+            except (OSError, ValueError) as exc:
+                return {}, problem or f"the clean room ended with code {proc.returncode} and no verdict ({exc})"
+
+
+class HideHiddenTestDetails(NbGraderPreprocessor):
+    """Feedback: in test cells, replace hidden-test code that shows up in outputs."""
+
+    def preprocess_cell(self, cell, resources, index):
+        if not is_test_cell(cell):
+            return cell, resources
+        from distlab.grade.cleanroom import _hidden_lines, redact
+
+        hidden = [cell.source.splitlines()[n - 1] for n in sorted(_hidden_lines(cell.source))]
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                output.text = redact(output.text, hidden)
+            elif output.output_type == "error":
+                output.evalue = redact(output.evalue, hidden)
+                output.traceback = [redact(line, hidden) for line in output.traceback]
+            elif "data" in output:
+                for key, value in list(output.data.items()):
+                    if isinstance(value, str):
+                        output.data[key] = redact(value, hidden)
+        return cell, resources
