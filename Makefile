@@ -31,10 +31,16 @@ test: $(STAMP) system-deps
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
+# Executes every page (jupyter-cache in _build/.jupyter_cache keeps outputs of unchanged pages;
+# a change in src/distlab clears it, see book/_ext/distlab_book.py); warnings are errors.
 book: $(STAMP)
-	@start=$$(date +%s); \
-	$(VENV)/bin/jupyter-book build . -W --keep-going; \
-	echo "book built in $$(( $$(date +%s) - start )) s: _build/html/index.html"
+	@start=$$(date +%s); status=0; \
+	$(VENV)/bin/jupyter-book build . -W --keep-going || status=$$?; \
+	if [ $$status -eq 0 ]; then \
+		echo "book built in $$(( $$(date +%s) - start )) s: _build/html/index.html"; \
+	else \
+		echo "book build FAILED after $$(( $$(date +%s) - start )) s (exit $$status)"; fi; \
+	exit $$status
 
 bench: $(STAMP)
 	$(PY) benchmarks/launch.py

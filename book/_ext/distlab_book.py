@@ -1,0 +1,111 @@
+"""Sphinx extension for the distlab book: three small rules that Jupyter Book 1 lacks.
+
+1. **Executed outputs follow the package source.** jupyter-cache keys a page on its code
+   cells only, so after a change in ``src/distlab`` it would keep serving outputs made by
+   the old code. At every build we hash the package source; when the hash differs from the
+   one recorded in the cache folder, the cache is cleared, and because the hash is also an
+   ``env`` config value, Sphinx re-reads (and so re-executes) every page.
+
+2. **Launch buttons only where a hub can open the file.** The theme puts a JupyterHub
+   button on every executed page, pointing at the page's source. For MyST Markdown pages
+   that source is a ``.md`` file, which a hub without jupytext opens as plain text; the
+   buttons belong on the student notebooks (``.ipynb``). We remove them elsewhere.
+
+3. **No script twice.** Jupyter Book 1.0.4 writes one inline script twice on every page,
+   which the browser reports as an error; we drop exact duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.config import Config
+from sphinx.util import logging
+
+LOGGER = logging.getLogger(__name__)
+
+STAMP_NAME = "distlab-source.sha256"
+"""File in the jupyter-cache folder recording the source hash its outputs were made with."""
+
+
+def source_hash(directory: Path) -> str:
+    """SHA-256 over every file of a package directory: relative paths and contents.
+
+    Byte-code caches are skipped: they change without the source changing.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
+        if "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
+            continue
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def sync_cache_with_source(cache_dir: Path, current: str) -> bool:
+    """Clear ``cache_dir`` if it was filled with another source hash; record ``current``.
+
+    Returns True when the cache was cleared.
+    """
+    stamp = cache_dir / STAMP_NAME
+    recorded = stamp.read_text().strip() if stamp.exists() else None
+    cleared = False
+    if recorded != current and cache_dir.exists():
+        shutil.rmtree(cache_dir)
+        cleared = True
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(current + "\n")
+    return cleared
+
+
+def _on_config_inited(app: Sphinx, config: Config) -> None:
+    source_dir = Path(app.srcdir, config.distlab_source_dir)
+    if not source_dir.is_dir():
+        LOGGER.warning(f"distlab_source_dir {source_dir} is not a directory")
+        return
+    current = source_hash(source_dir)
+    config.distlab_source_hash = current
+    cache_dir = Path(config.nb_execution_cache_path or Path(app.outdir).parent / ".jupyter_cache")
+    if not cache_dir.is_absolute():
+        cache_dir = Path(app.srcdir, cache_dir)
+    if sync_cache_with_source(cache_dir, current):
+        LOGGER.info(f"[distlab] {source_dir} changed: cleared the execution cache {cache_dir}")
+
+
+def _remove_launch_buttons_from_text_pages(app, pagename, templatename, context, doctree):
+    if context.get("page_source_suffix") == ".ipynb" or "header_buttons" not in context:
+        return
+    context["header_buttons"] = [
+        button for button in context["header_buttons"]
+        if button.get("label") != "launch-buttons"
+    ]
+
+
+def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
+    """Keep the first of identical ``<script>`` entries.
+
+    Jupyter Book 1.0.4 emits sphinx-thebe's inline configuration twice on every page, and
+    its second ``const THEBE_JS_URL = ...`` is a SyntaxError in the browser console.
+    """
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        attributes = tuple(sorted(getattr(script, "attributes", {}).items()))
+        key = (getattr(script, "filename", str(script)), attributes)
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"] = unique
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_config_value("distlab_source_dir", "src/distlab", "env")
+    # Changing this value makes Sphinx re-read every page (rebuild="env").
+    app.add_config_value("distlab_source_hash", "", "env")
+    app.connect("config-inited", _on_config_inited)
+    # After the theme has added its launch buttons (priority 501).
+    app.connect("html-page-context", _remove_launch_buttons_from_text_pages, priority=600)
+    app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
