@@ -59,9 +59,10 @@ def ring_reduce_scatter(chunks: list[torch.Tensor], group=None, on_step=None) ->
     holds the sum over all ranks. Returns the index of that chunk.
     """
     me, n, left, right = _ring_neighbours(group)
+    buffer = torch.empty_like(chunks[0])  # chunks differ by at most one element: reuse one buffer
     for step in range(n - 1):
         send_index, recv_index = (me - step) % n, (me - step - 1) % n
-        incoming = torch.empty_like(chunks[recv_index])
+        incoming = buffer[: chunks[recv_index].numel()].view_as(chunks[recv_index])
         _exchange(chunks[send_index], incoming, right, left, group)
         chunks[recv_index] += incoming
         if on_step is not None:
