@@ -183,6 +183,7 @@ class Cluster:
 
     def _start_munge(self) -> None:
         key = self.root / "munge" / "munge.key"
+        key.unlink(missing_ok=True)  # a fresh key each start (DIR may hold an old cluster)
         out = subprocess.run(["mungekey", "--create", f"--keyfile={key}"],
                              capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
         if out.returncode != 0:
@@ -308,6 +309,8 @@ def main(root: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stopping.append(True))
     root.mkdir(parents=True, exist_ok=True)
+    for stale in ("ready.json", "failed.txt"):
+        (root / stale).unlink(missing_ok=True)
     cluster = Cluster(root)
     try:
         started = time.monotonic()

@@ -36,7 +36,7 @@ needs an accounting database that not every cluster, nor our test cluster, has).
 
 Every Slurm command runs with a timeout: when the controller is down, Slurm clients otherwise
 block for minutes. Settings (account, partition, modules, ...) come from
-:mod:`distlab.slurm_config`. ``python -m distlab.slurm script -- train.py`` prints a job
+:mod:`distlab.slurm_config`. ``python -m distlab.slurm_cli script -- train.py`` prints a job
 script for a training script of your own, built by the same functions.
 """
 
@@ -210,9 +210,10 @@ def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoin
     """
     args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", *extra]
-    quoted = " ".join(a if "$" in a else shlex.quote(a) for a in args)
-    return (f"exec {shlex.quote(python)} -m torch.distributed.run {quoted} "
-            "--rdzv-conf=is_host=$(( SLURM_NODEID == 0 )) " + shlex.join(target))
+    parts = [f"exec {shlex.quote(python)} -m torch.distributed.run"]
+    parts += [a if "$" in a else shlex.quote(a) for a in args]
+    parts += ["--rdzv-conf=is_host=$(( SLURM_NODEID == 0 ))", shlex.join(target)]
+    return "\n" + " \\\n    ".join(parts)  # one option per line: readable in a job script
 
 
 def srun_command(nodes: list[str], step_name: str, shell_line: str, cpus: int | None = None) -> list[str]:
@@ -350,6 +351,8 @@ class _RemoteRanks:
         doing = "\n".join(f"  rank {r}: {s}" for r, s in sorted(self._rank_states().items()))
         output = f"Last lines of {log_name}:\n{_tail(log, 20)}" if log.strip() else f"({log_name} is empty)"
         if state in WHY_IT_ENDED:
+            said = _slurm_lines(log)  # Slurm's own words; torchrun's traceback of the signal is noise
+            output = f"What Slurm said (in {log_name}):\n{said}" if said else output
             return SlurmJobError(
                 f"{what} {WHY_IT_ENDED[state]} before ranks {missing} returned.\n"
                 f"What each rank was doing:\n{doing}\n{output}", getattr(self, "job_id", None), state)
@@ -370,6 +373,13 @@ class _RemoteRanks:
                          f"the process of rank {rank} {how} before returning a result or raising "
                          f"({what} ended). {output}", "", None,
                          {r: "did not finish (stopped)" for r in missing if r != rank})
+
+
+def _slurm_lines(log: str, most: int = 8) -> str:
+    """The lines Slurm's own tools wrote into a job's output (``srun: ...``, ``slurmstepd...``)."""
+    lines = [line for line in log.splitlines()
+             if re.match(r"(srun|slurmstepd\S*|salloc|sbatch): ", line) or "***" in line]
+    return "\n".join(lines[-most:])
 
 
 def _state_from_step_log(log: str) -> str | None:
@@ -429,8 +439,11 @@ class SrunJob(_RemoteRanks, LocalJob):
         time.sleep(END_GRACE_SECONDS if self.agent.returncode == 0 else 0.2)
         self.echo.pump()
         log = (self.run_dir / files.AGENT_LOG).read_text(errors="replace")
-        what = f"the srun step {self.step_name!r} of job {self.job_id} (exit code {self.agent.returncode})"
-        return self._explain_end(what, _state_from_step_log(log), log, "srun's output")
+        state = _state_from_step_log(log)
+        what = f"the srun step {self.step_name!r} of job {self.job_id}"
+        if state is None:
+            what += f" (srun exit code {self.agent.returncode})"
+        return self._explain_end(what, state, log, "srun's output")
 
     def stop(self) -> None:
         """Cancel our step in Slurm (the ranks on every node), then end srun itself."""
@@ -575,12 +588,17 @@ class SbatchJob(_RemoteRanks, LocalJob):
                           torchrun_extra=["--monitor-interval=0.5"])
 
     def _submit(self) -> str:
-        out = slurm_command(["sbatch", "--parsable", str(self.script)])
+        try:
+            out = slurm_command(["sbatch", "--parsable", str(self.script)])
+        except SlurmJobError:
+            _remove_run_dir(self.shared_dir, succeeded=True)  # nothing ran: nothing to look at
+            raise
         if out.returncode != 0:
+            _remove_run_dir(self.shared_dir, succeeded=True)
             raise SlurmJobError(f"sbatch refused the job: {out.stderr.strip() or out.stdout.strip()}\n"
                                 f"(settings from distlab.toml / DISTLAB_SLURM_*: account={self.config.account!r}, "
                                 f"partition={self.config.partition!r}, nodes={self.nodes}; "
-                                f"job script: {self.script})")
+                                "`python -m distlab.slurm_cli config` shows where each comes from)")
         job_id = out.stdout.strip().split(";")[0]  # "12" or "12;cluster"
         _show(f"job {job_id} submitted: {self.nodes} node(s) x {self.nproc_per_node} rank(s); "
               f"output in {self.shared_dir}")
@@ -608,9 +626,9 @@ class SbatchJob(_RemoteRanks, LocalJob):
     def _ended_early(self, dead: list[int]) -> Exception:
         self.echo.pump()
         log = self.output.read_text(errors="replace") if self.output.exists() else ""
-        what = f"Slurm job {self.job_id} (state {self.agent.state}, exit code {self.agent.exit_code})"
-        if self.agent.state == "GONE":
-            what = f"Slurm job {self.job_id} (gone from the controller)"
+        what = f"Slurm job {self.job_id}"
+        if self.agent.state not in WHY_IT_ENDED:
+            what += f" (state {self.agent.state}, exit code {self.agent.exit_code})"
         return self._explain_end(what, self.agent.state, log, f"the job's output {self.output}")
 
     def stop(self) -> None:
@@ -637,52 +655,3 @@ class SbatchJob(_RemoteRanks, LocalJob):
             while self.agent.active and time.monotonic() < deadline:
                 time.sleep(0.2)
                 self.agent.refresh(force=True)
-
-
-# -- python -m distlab.slurm ---------------------------------------------------------------------
-
-def _print_config() -> int:
-    config, sources = slurm_config.load_with_sources()
-    print(f"# distlab Slurm settings (file: {slurm_config.config_file() or 'none'})")
-    for name in slurm_config.FIELDS:
-        print(f"{name:16s} = {getattr(config, name)!r:40s} # {sources[name]}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m distlab.slurm",
-        description="Slurm helpers of distlab; settings come from distlab.toml (see `config`).")
-    sub = parser.add_subparsers(dest="what", required=True)
-    sub.add_parser("config", help="print the settings in effect and where each came from")
-    script = sub.add_parser(
-        "script", help="print a job script that runs a training script on several nodes",
-        description="Print an sbatch script that runs SCRIPT on every rank through srun + torchrun, "
-                    "e.g.: python -m distlab.slurm script --nodes 2 --ranks-per-node 4 -- train.py --epochs 3 "
-                    "> train.sbatch && sbatch train.sbatch")
-    script.add_argument("--nodes", type=int, help="nodes (default: `nodes` of distlab.toml)")
-    script.add_argument("--ranks-per-node", type=int,
-                        help="ranks on each node (default: gpus_per_node, or 1 without GPUs)")
-    script.add_argument("--time", help="--time limit (default: `time` of distlab.toml, or 30)")
-    script.add_argument("--job-name", default="train")
-    script.add_argument("--output", default="slurm-%x-%j.out", help="sbatch --output pattern")
-    script.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
-    args = parser.parse_args(argv)
-    if args.what == "config":
-        return _print_config()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("say what to run: ... script -- train.py [ARGS]")
-    config = slurm_config.load()
-    nodes = args.nodes or config.nodes
-    per_node = args.ranks_per_node or config.gpus_per_node or 1
-    print(job_script(config, nodes=nodes, nproc_per_node=per_node, target=command,
-                     job_name=args.job_name, time_limit=args.time or config.time or "30",
-                     output=args.output), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

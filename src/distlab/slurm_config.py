@@ -24,7 +24,7 @@ key has a default.
 ``DISTLAB_SLURM_PARTITION=booster`` or ``DISTLAB_SLURM_MODULES="GCC Python"`` (lists are
 split like a shell splits words).
 
-``python -m distlab.slurm config`` prints the settings in effect and where each came from.
+``python -m distlab.slurm_cli config`` prints the settings in effect and where each came from.
 """
 
 from __future__ import annotations

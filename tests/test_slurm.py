@@ -1,0 +1,543 @@
+"""distlab on Slurm: command building without a cluster, then a real two-node Slurm cluster.
+
+The slow tests start Debian's Slurm on this machine (tests/slurm_cluster.py: munged,
+slurmctld, two slurmd as nodes distlab-n1 and distlab-n2) and run through it: srun inside
+``salloc``, sbatch from outside any allocation, 2 nodes x 2 ranks each way, a training script
+through the job-script template, a rank that raises, ``scancel`` and the ``--time`` limit.
+If Slurm cannot start here, they fail and say why: they are never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import distlab
+import slurm_cluster
+from distlab import RankError, launch, slurm, slurm_cli, slurm_config
+from distlab.local import LocalJob
+from distlab.slurm import SbatchJob, SlurmJobError, SrunJob
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENT_TIMEOUT = 20
+
+
+# ---- without a cluster ------------------------------------------------------------------------
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """No Slurm allocation, no distlab settings from the environment or a user's files."""
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "DISTLAB_SLURM_")) or name in ("DISTLAB_CONFIG", "DISTLAB_LAUNCHER"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_auto_picks_srun_inside_an_allocation_and_local_outside(clean_env, monkeypatch):
+    has_srun = {"value": True}
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/srun" if has_srun["value"] else None)
+    assert launch.choose_launcher("auto") is LocalJob  # no SLURM_JOB_ID: a laptop, a login node
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert launch.choose_launcher("auto") is SrunJob
+    has_srun["value"] = False  # a job id but no Slurm tools: local after all
+    assert launch.choose_launcher("auto") is LocalJob
+    has_srun["value"] = True
+    monkeypatch.setenv("DISTLAB_LAUNCHER", "local")  # the user's explicit choice wins
+    assert launch.choose_launcher("auto") is LocalJob
+    assert launch.choose_launcher("srun") is SrunJob
+    assert launch.choose_launcher("sbatch") is SbatchJob
+    with pytest.raises(ValueError, match="'sbatch'.*'srun'"):
+        launch.choose_launcher("slurm")
+
+
+def test_ranks_are_spread_evenly_over_nodes():
+    assert slurm.ranks_per_node(4, 2) == 2
+    assert slurm.ranks_per_node(3, 1) == 3
+    with pytest.raises(ValueError, match="3 ranks cannot be spread evenly over 2 nodes"):
+        slurm.ranks_per_node(3, 2)
+
+
+def test_cpus_per_node_reads_slurms_compressed_format():
+    assert slurm.cpus_per_node("36(x2),72") == 36
+    assert slurm.cpus_per_node("2") == 2
+    assert slurm.cpus_per_node("") is None
+
+
+def test_a_batch_job_asks_for_its_timeout_plus_a_minute():
+    assert slurm.minutes_for(60) == "2"
+    assert slurm.minutes_for(61) == "3"
+    assert slurm.minutes_for(5) == "2"
+
+
+def test_each_node_runs_torchrun_and_only_the_first_hosts_the_rendezvous():
+    line = slurm.torchrun_on_each_node("echo", "2", 4, "n1i:23456", "run-x",
+                                       ["--module", "distlab.worker", "/runs/a b"])
+    for part in ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+                 "--rdzv-endpoint=n1i:23456", "--rdzv-id=run-x", "'/runs/a b'"]:
+        assert part in line
+    # With `echo` as the interpreter, bash shows what each node would run.
+    for node_id, is_host in (("0", "1"), ("1", "0")):
+        out = subprocess.run(["bash", "-c", line], env={"SLURM_NODEID": node_id, "PATH": os.environ["PATH"]},
+                             capture_output=True, text=True, timeout=10)
+        assert f"--rdzv-conf=is_host={is_host} --module distlab.worker /runs/a b" in out.stdout
+
+
+def test_srun_runs_one_task_per_node_on_exactly_those_nodes():
+    cmd = slurm.srun_command(["n1", "n2"], "distlab-run-x", "exec true", cpus=8)
+    assert cmd[:1] == ["srun"] and cmd[-3:] == ["bash", "-c", "exec true"]
+    for option in ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
+                   "--job-name=distlab-run-x", "--kill-on-bad-exit=1", "--cpus-per-task=8"]:
+        assert option in cmd
+
+
+def write_config(folder: Path, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "distlab.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_settings_come_from_the_nearest_distlab_toml_and_the_environment_wins(clean_env, tmp_path, monkeypatch):
+    write_config(tmp_path / "repo", """
+        [slurm]
+        account = "proj"
+        modules = ["GCC", "Python"]
+        nodes = 2
+        queue_timeout = 60
+        """)
+    chapter = tmp_path / "repo" / "book" / "01-data-loading"
+    chapter.mkdir(parents=True)
+    monkeypatch.chdir(chapter)  # a notebook inside the book finds the repository's file
+    config, sources = slurm_config.load_with_sources()
+    assert (config.account, config.modules, config.nodes, config.queue_timeout) == ("proj", ["GCC", "Python"], 2, 60.0)
+    assert config.partition == "" and sources["partition"] == "default"
+    assert sources["account"].endswith("distlab.toml")
+    monkeypatch.setenv("DISTLAB_SLURM_NODES", "4")
+    monkeypatch.setenv("DISTLAB_SLURM_MODULES", "Stages/2025 CUDA")
+    monkeypatch.setenv("DISTLAB_SLURM_OFFLINE", "no")
+    config, sources = slurm_config.load_with_sources()
+    assert (config.nodes, config.modules, config.offline) == (4, ["Stages/2025", "CUDA"], False)
+    assert sources["nodes"] == "$DISTLAB_SLURM_NODES"
+    # DISTLAB_CONFIG names the file outright.
+    other = write_config(tmp_path / "elsewhere", '[slurm]\npartition = "gpu"\n')
+    monkeypatch.setenv("DISTLAB_CONFIG", str(other))
+    assert slurm_config.load().partition == "gpu"
+
+
+@pytest.mark.parametrize("text, env, message", [
+    ('[slurm]\nacount = "x"\n', {}, r"unknown key\(s\) \['acount'\]"),
+    ('[slurm]\nnodes = "two"\n', {}, r"\[slurm\] nodes: expected int, got 'two'"),
+    ('[slurm]\nmodules = "GCC"\n', {}, r"modules: expected a list of strings"),
+    ('[slurm]\nnodes = 0\n', {}, r"nodes must be at least 1"),
+    ('[slurm\n', {}, r"not valid TOML"),
+    ("", {"DISTLAB_SLURM_NODES": "two"}, r"\$DISTLAB_SLURM_NODES='two': expected int"),
+    ("", {"DISTLAB_SLURM_PARTITON": "gpu"}, r"unknown setting \$DISTLAB_SLURM_PARTITON"),
+    ("", {"DISTLAB_SLURM_OFFLINE": "maybe"}, r"DISTLAB_SLURM_OFFLINE='maybe': expected bool"),
+])
+def test_bad_settings_fail_with_the_place_to_fix_them(clean_env, tmp_path, monkeypatch, text, env, message):
+    write_config(tmp_path, text)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=message):
+        slurm_config.load()
+
+
+def test_job_script_has_the_settings_the_offline_caches_and_srun_torchrun(clean_env, tmp_path):
+    write_config(tmp_path, """
+        [slurm]
+        account = "proj"
+        partition = "booster"
+        gpus_per_node = 4
+        cpus_per_task = 32
+        modules = ["Stages/2025", "Python"]
+        activate = "source $HOME/venv/bin/activate"
+        hostname_suffix = "i"
+        sbatch_options = ["--reservation=course"]
+        """)
+    config = slurm_config.load()
+    script = slurm.job_script(config, nodes=2, nproc_per_node=4, target=["train.py", "--epochs", "3"],
+                              job_name="train", time_limit="30", output="out-%j.txt")
+    for line in ["#SBATCH --account=proj", "#SBATCH --partition=booster", "#SBATCH --gres=gpu:4",
+                 "#SBATCH --cpus-per-task=32", "#SBATCH --nodes=2", "#SBATCH --time=30",
+                 "#SBATCH --reservation=course", "#SBATCH --output=out-%j.txt",
+                 "module load Stages/2025 Python", "source $HOME/venv/bin/activate",
+                 "export HF_DATASETS_OFFLINE=1", "export HF_HUB_OFFLINE=1",
+                 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"',
+                 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)i"',
+                 "srun --kill-on-bad-exit=1", "exec python -m torch.distributed.run",
+                 "--nproc-per-node=4", "train.py --epochs 3"]:
+        assert line in script, line
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=10)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_the_checked_in_template_is_what_the_generator_writes(clean_env, monkeypatch, capsys):
+    # templates/slurm/train-2-nodes.sbatch is for reading and copying; it must not drift from
+    # the code. Regenerate it with the command in templates/slurm/README.md.
+    monkeypatch.setenv("DISTLAB_CONFIG", str(REPO / "templates" / "slurm" / "distlab.toml"))
+    assert slurm_cli.main(["script", "--nodes", "2", "--time", "1:00:00", "--", "train.py", "--epochs", "3"]) == 0
+    assert capsys.readouterr().out == (REPO / "templates" / "slurm" / "train-2-nodes.sbatch").read_text()
+
+
+def test_srun_outside_an_allocation_is_a_clear_error(clean_env):
+    with pytest.raises(ValueError, match="needs a Slurm allocation.*launcher='sbatch'"):
+        distlab.run(lambda: 1, nprocs=2, launcher="srun")
+
+
+# ---- on a real Slurm cluster ---------------------------------------------------------------------
+
+def _client(args: list[str]) -> str:
+    """A Slurm client command against the test cluster (SLURM_CONF is set), with a timeout."""
+    out = subprocess.run(args, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+    return out.stdout
+
+
+def _jobs() -> list[str]:
+    return _client(["squeue", "--noheader", "--format=%i %T"]).split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Start the private two-node cluster once for this module; tear it down by pid afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="distlab-slurm-"))  # under the test session's folder
+    log = open(root / "supervisor.log", "wb")
+    started = time.monotonic()
+    supervisor = subprocess.Popen([sys.executable, slurm_cluster.__file__, str(root / "cluster")],
+                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    ready, failed = root / "cluster" / "ready.json", root / "cluster" / "failed.txt"
+    try:
+        while not ready.exists():
+            if failed.exists() or supervisor.poll() is not None or time.monotonic() - started > 90:
+                time.sleep(0.5)
+                reason = failed.read_text() if failed.exists() else (root / "supervisor.log").read_text()
+                pytest.fail(f"the test Slurm cluster did not start:\n{reason}", pytrace=False)
+            time.sleep(0.1)
+        info = json.loads(ready.read_text())
+        info.update(root=root, supervisor=supervisor.pid, start_seconds=round(time.monotonic() - started, 1))
+        (root / "distlab.toml").write_text("# empty: the tests set what they need through DISTLAB_SLURM_*\n")
+        with pytest.MonkeyPatch.context() as mp:
+            for name in list(os.environ):
+                if name.startswith(("SLURM_", "DISTLAB_SLURM_")):
+                    mp.delenv(name)
+            mp.setenv("SLURM_CONF", info["slurm_conf"])
+            mp.setenv("DISTLAB_CONFIG", str(root / "distlab.toml"))
+            mp.setenv("DISTLAB_SLURM_RUN_ROOT", str(root / "runs"))
+            mp.setenv("DISTLAB_SLURM_POLL_SECONDS", "0.5")
+            mp.delenv("DISTLAB_LAUNCHER", raising=False)
+            yield info
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        try:
+            supervisor.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(timeout=10)
+        log.close()
+
+
+def _processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and text in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _job_processes(supervisor_pid: int) -> list[psutil.Process]:
+    """Processes below the cluster's supervisor that are not its daemons (slurmstepd, ranks)."""
+    try:
+        below = psutil.Process(supervisor_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    left = []
+    for proc in below:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.name() not in ("munged", "slurmctld", "slurmscriptd", "slurmd"):
+                left.append(proc)
+        except psutil.Error:
+            continue
+    return left
+
+
+@pytest.fixture
+def slurm_env(cluster, monkeypatch):
+    """The cluster, and after the test: no job left in the queue, no process of any job left."""
+    yield cluster
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (_jobs_active() or _job_processes(cluster["supervisor"])
+                                           or _processes_mentioning(str(cluster["root"] / "runs"))):
+        time.sleep(0.2)
+    active, procs = _jobs_active(), _job_processes(cluster["supervisor"])
+    procs += _processes_mentioning(str(cluster["root"] / "runs"))
+    if active:
+        _client(["scancel", "--user", str(os.getuid())])
+    assert not active, f"jobs left in the queue: {active}"
+    assert not procs, "processes left behind: " + "; ".join(f"{p.pid} {' '.join(p.cmdline())}" for p in procs)
+
+
+def _jobs_active() -> list[str]:
+    return [line for line in _jobs() if line.split()[1] in slurm.ACTIVE_STATES]
+
+
+def _salloc_python(tmp_path: Path, code: str, nodes: int, minutes: int = 5, timeout: float = 120,
+                   background: bool = False):
+    """Run a Python script inside ``salloc``, as a user in an allocation's shell would."""
+    script = tmp_path / "in_allocation.py"
+    script.write_text(textwrap.dedent(code))
+    cmd = ["salloc", f"--nodes={nodes}", f"--time={minutes}", "--job-name=salloc-test",
+           sys.executable, str(script)]
+    if background:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+# The function that both 2x2 tests run: who am I, where, and which rendezvous did torchrun use.
+WHO_AM_I = """
+import json, os, sys
+import psutil, torch, torch.distributed as dist
+import distlab
+
+def who_am_i(offset):
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)
+    torchrun = " ".join(psutil.Process().parent().cmdline())
+    endpoint = next(a.split("=", 1)[1] for a in torchrun.split() if a.startswith("--rdzv-endpoint="))
+    print(f"rank {dist.get_rank()} on {os.environ['SLURMD_NODENAME']}", flush=True)
+    return {"rank": dist.get_rank() + offset, "world": dist.get_world_size(),
+            "node": os.environ["SLURMD_NODENAME"], "local_rank": int(os.environ["LOCAL_RANK"]),
+            "sum": total.item(), "endpoint": endpoint, "account": os.environ.get("SLURM_JOB_ACCOUNT"),
+            "offline": os.environ.get("HF_HUB_OFFLINE")}
+"""
+
+
+def _check_two_by_two(results, offset=0):
+    assert [r["rank"] for r in results] == [offset + k for k in range(4)]
+    assert all(r["world"] == 4 and r["sum"] == 6.0 for r in results)  # 0+1+2+3 through all_reduce
+    by_node = {}
+    for r in results:
+        by_node.setdefault(r["node"], []).append(r["local_rank"])
+    assert sorted(by_node) == ["distlab-n1", "distlab-n2"], by_node
+    assert all(sorted(ranks) == [0, 1] for ranks in by_node.values()), by_node
+    # The rendezvous is on the first node, reached under its interconnect name (suffix "i").
+    assert {r["endpoint"].rsplit(":", 1)[0] for r in results} == {"distlab-n1i"}
+
+
+@pytest.mark.slow
+def test_srun_inside_salloc_runs_two_nodes_times_two_ranks(slurm_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTLAB_SLURM_HOSTNAME_SUFFIX", "i")
+    out = _salloc_python(tmp_path, WHO_AM_I + """
+        print("launcher:", distlab.launch.choose_launcher("auto").__name__)
+        print("RESULT " + json.dumps(distlab.run(who_am_i, 10, nprocs=4, timeout=90)))
+        """.replace("\n        ", "\n"), nodes=2)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "launcher: SrunJob" in out.stdout
+    results = json.loads(out.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    _check_two_by_two(results, offset=10)
+    for k in range(4):  # each rank's output streamed with its prefix
+        assert re.search(rf"^\[rank {k}\] rank {k} on distlab-n[12]$", out.stdout, flags=re.M)
+    assert not list((slurm_env["root"] / "runs").glob("run-*")), "the run directory was not removed"
+
+
+@pytest.mark.slow
+def test_sbatch_from_outside_runs_two_nodes_times_two_ranks_and_shows_the_queue(slurm_env, monkeypatch, capsys):
+    monkeypatch.setenv("DISTLAB_SLURM_NODES", "2")
+    monkeypatch.setenv("DISTLAB_SLURM_HOSTNAME_SUFFIX", "i")
+    monkeypatch.setenv("DISTLAB_SLURM_ACCOUNT", "course42")
+    namespace: dict = {"__name__": "who_am_i_script"}
+    exec(WHO_AM_I, namespace)
+    assert launch.choose_launcher("auto") is LocalJob  # outside any allocation
+    results = distlab.run(namespace["who_am_i"], 0, nprocs=4, timeout=90, launcher="sbatch")
+    _check_two_by_two(results)
+    assert {r["account"] for r in results} == {"course42"}  # the setting reached sbatch
+    assert {r["offline"] for r in results} == {"1"}  # compute nodes: no downloads
+    out = capsys.readouterr().out
+    job = re.search(r"\[slurm\] job (\d+) submitted: 2 node\(s\) x 2 rank\(s\)", out)
+    assert job, out
+    states = re.findall(rf"\[slurm\] job {job.group(1)}: (\w+)", out)
+    assert "RUNNING" in states and states[-1] == "COMPLETED", out  # pending -> running -> done
+    assert states.index("RUNNING") < states.index("COMPLETED")
+    for k in range(4):
+        assert re.search(rf"^\[rank {k}\] rank {k} on distlab-n[12]$", out, flags=re.M)
+    assert not list((slurm_env["root"] / "runs").glob("run-*")), "the run directory was not removed"
+
+
+@pytest.mark.slow
+def test_the_job_script_template_runs_a_training_script_on_two_nodes(slurm_env, tmp_path):
+    generated = subprocess.run(
+        [sys.executable, "-m", "distlab.slurm_cli", "script", "--nodes", "2", "--ranks-per-node", "2",
+         "--time", "5", "--output", str(tmp_path / "train-%j.out"), "--",
+         str(REPO / "tests" / "slurm_train.py"), "--steps", "3"],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert generated.returncode == 0, generated.stderr
+    (tmp_path / "train.sbatch").write_text(generated.stdout)
+    submitted = subprocess.run(["sbatch", "--parsable", str(tmp_path / "train.sbatch")],
+                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    queued = slurm.QueuedJob(job_id, poll_seconds=0.5)
+    deadline = time.monotonic() + 90
+    while (queued.refresh(force=True), queued.active)[1]:
+        assert time.monotonic() < deadline, f"job {job_id} still {queued.state} after 90 s"
+        time.sleep(0.5)
+    output = (tmp_path / f"train-{job_id}.out").read_text()
+    assert "RESULT " in output, output
+    seen = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    assert [s["rank"] for s in seen] == [0, 1, 2, 3] and {s["world"] for s in seen} == {4}
+    assert sorted({s["node"] for s in seen}) == ["distlab-n1", "distlab-n2"]
+    assert len({s["checksum"] for s in seen}) == 1  # DDP kept the replicas identical
+    assert {s["offline"] for s in seen} == {"1"}
+
+
+def _sleeper():
+    import time as _time
+
+    print("working", flush=True)
+    _time.sleep(300)
+
+
+def _fails_on_rank_3():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 3:
+        raise ValueError("bad shard on rank 3")
+    dist.barrier()  # the others wait for rank 3, as in a real collective
+    return dist.get_rank()
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_in_a_batch_job_is_a_rank_error_and_the_job_is_cancelled(slurm_env, monkeypatch, capsys):
+    monkeypatch.setenv("DISTLAB_SLURM_NODES", "2")
+    started = time.monotonic()
+    with pytest.raises(RankError) as info:
+        distlab.run(_fails_on_rank_3, nprocs=4, timeout=90, launcher="sbatch")
+    assert info.value.rank == 3 and info.value.exc_type == "ValueError"
+    assert "bad shard on rank 3" in str(info.value)
+    # The failed rank waits to be stopped (30 s); we cancel the job instead, at once.
+    assert time.monotonic() - started < 25
+    assert re.search(r"\[slurm\] job \d+: CANCELLED", capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_the_timeout_of_a_batch_job_is_a_dist_timeout_naming_what_ranks_do(slurm_env, monkeypatch):
+    with pytest.raises(distlab.DistTimeout) as info:
+        distlab.run(_sleeper, nprocs=2, timeout=12, launcher="sbatch")
+    assert set(info.value.rank_states) == {0, 1}
+    assert all("user code" in s for s in info.value.rank_states.values()), info.value.rank_states
+
+
+def _when_ranks_work(runs: Path, count: int, then, seconds: float = 60) -> threading.Thread:
+    """In the background: once ``count`` ranks under ``runs`` are in user code, call ``then()``."""
+    earlier = set(runs.glob("run-*"))  # kept from failed runs of earlier tests
+
+    def watch():
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            working = [p for p in runs.glob("run-*/state-*.json")
+                       if p.parent not in earlier and '"user"' in p.read_text(errors="replace")]
+            if len(working) >= count:
+                then()
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_scancel_of_a_batch_job_is_a_clear_error(slurm_env, monkeypatch):
+    def cancel_the_job():
+        for line in _jobs():
+            _client(["scancel", line.split()[0]])
+
+    watcher = _when_ranks_work(slurm_env["root"] / "runs", 2, cancel_the_job)
+    with pytest.raises(SlurmJobError) as info:
+        distlab.run(_sleeper, nprocs=2, timeout=90, launcher="sbatch")
+    watcher.join(timeout=5)
+    assert info.value.state == "CANCELLED"
+    message = str(info.value)
+    assert "was cancelled (scancel" in message and "before ranks [0, 1] returned" in message
+    assert "rank 0: in user code" in message
+
+
+@pytest.mark.slow
+def test_scancel_of_an_srun_step_is_a_clear_error(slurm_env, tmp_path):
+    def cancel_the_step():
+        for line in _client(["squeue", "--steps", "--noheader", "--format=%i %j"]).splitlines():
+            step_id, name = line.split()
+            if name.startswith("distlab-run-"):
+                _client(["scancel", step_id])
+
+    watcher = _when_ranks_work(slurm_env["root"] / "runs", 2, cancel_the_step)
+    out = _salloc_python(tmp_path, """
+        import time, distlab
+        def sleeper():
+            time.sleep(300)
+        try:
+            distlab.run(sleeper, nprocs=2, timeout=90)
+        except Exception as exc:
+            print("ERROR", type(exc).__name__, getattr(exc, "state", None))
+            print(exc)
+        """, nodes=2)
+    watcher.join(timeout=5)
+    assert "ERROR SlurmJobError CANCELLED" in out.stdout, out.stdout + out.stderr
+    assert "was cancelled (scancel" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_time_limit_ends_batch_jobs_and_allocations_with_a_clear_error(slurm_env, tmp_path, monkeypatch):
+    # Slurm enforces --time only every ~30 s and counts in whole minutes: this takes 60-95 s,
+    # so both launchers wait for their limit side by side.
+    allocation = _salloc_python(tmp_path, """
+        import time, distlab
+        def sleeper():
+            time.sleep(300)
+        try:
+            distlab.run(sleeper, nprocs=2, timeout=170)
+        except Exception as exc:
+            print("ERROR", type(exc).__name__, getattr(exc, "state", None))
+            print(exc)
+        """, nodes=1, minutes=1, background=True)
+    try:
+        monkeypatch.setenv("DISTLAB_SLURM_TIME", "1")
+        with pytest.raises(SlurmJobError) as info:
+            distlab.run(_sleeper, nprocs=2, timeout=170, launcher="sbatch")
+        assert info.value.state == "TIMEOUT"
+        assert "reached its time limit" in str(info.value) and "DUE TO TIME LIMIT" in str(info.value)
+        out, _ = allocation.communicate(timeout=120)
+    finally:
+        if allocation.poll() is None:
+            allocation.kill()
+            allocation.wait(timeout=10)
+    assert "ERROR SlurmJobError TIMEOUT" in out, out
+    assert "reached its time limit" in out
+
+
+@pytest.mark.slow
+def test_a_job_slurm_refuses_is_a_clear_error(slurm_env, monkeypatch):
+    monkeypatch.setenv("DISTLAB_SLURM_PARTITION", "nosuchpartition")
+    runs = slurm_env["root"] / "runs"
+    earlier = set(runs.glob("run-*"))  # kept from failed runs of earlier tests
+    with pytest.raises(SlurmJobError, match=r"(?s)sbatch refused the job: .*invalid partition.*partition='nosuchpartition'"):
+        distlab.run(lambda: 1, nprocs=2, launcher="sbatch")
+    assert set(runs.glob("run-*")) == earlier, "the refused run's directory was left behind"
