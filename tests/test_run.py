@@ -180,7 +180,10 @@ def test_an_unpicklable_result_is_a_rank_error_that_says_so():
     assert "lock" in str(info.value).lower() and "pickle" in str(info.value).lower()
 
 
-def deadlock():
+def deadlock(started_file=None):
+    if started_file is not None and dist.get_rank() == 0:
+        with open(started_file, "w") as f:
+            f.write(str(time.time()))
     t = torch.zeros(4)
     if dist.get_rank() == 0:
         dist.recv(t, src=1)
@@ -190,13 +193,14 @@ def deadlock():
 
 
 @pytest.mark.slow
-def test_timeout_names_what_each_rank_was_doing():
-    started = time.monotonic()
+def test_timeout_names_what_each_rank_was_doing(tmp_path):
+    started_file = tmp_path / "started"
     with pytest.raises(DistTimeout) as info:
-        distlab.run(deadlock, nprocs=2, timeout=10)
-    elapsed = time.monotonic() - started
+        distlab.run(deadlock, str(started_file), nprocs=2, timeout=10)
+    # The clock starts when the ranks have joined (startup is not counted against the function).
+    elapsed = time.time() - float(started_file.read_text())
     assert isinstance(info.value, TimeoutError)
-    assert 10 <= elapsed < 15
+    assert 10 <= elapsed < 15, elapsed
     states = info.value.rank_states
     assert re.match(r"blocked in recv\(float32\[4\], from rank 1, group of 2\) for \d+\.\d s", states[0]), states
     assert states[1].startswith("in user code"), states
@@ -235,6 +239,7 @@ def no_process_may_start(monkeypatch):
     (dict(nprocs=2, backend="mpi"), ValueError, "backend"),
     (dict(nprocs=2, backend="nccl"), ValueError, "one GPU per rank"),
     (dict(nprocs=2, threads=0), ValueError, "threads"),
+    (dict(nprocs=2, launcher="mpirun"), ValueError, "launcher"),
 ])
 def test_bad_arguments_fail_clearly(no_process_may_start, kwargs, error, words):
     with pytest.raises(error, match=words):
@@ -269,6 +274,17 @@ def test_global_unpicklable_is_named(no_process_may_start, tmp_path):
         "try:\n    distlab.run(fn)\nexcept distlab.NotPicklableError as e:\n    print(e)\n")
     out = subprocess.check_output([sys.executable, str(script)], text=True, timeout=60)
     assert "global variable `LOCK`" in out
+
+
+def test_ranks_that_cannot_start_give_a_start_timeout(monkeypatch):
+    import distlab.local
+
+    monkeypatch.setattr(distlab.local, "START_TIMEOUT", 0.5)  # no rank imports torch that fast
+    with pytest.raises(DistTimeout) as info:
+        distlab.run(rank_and_world, 0, nprocs=2, timeout=60)
+    assert info.value.waiting_for == "start"
+    assert str(info.value).startswith("the ranks did not start within 0.5 s")
+    assert "not started yet" in str(info.value)
 
 
 # ---- concurrency ---------------------------------------------------------------------------

@@ -37,23 +37,27 @@ class RankError(RuntimeError):
 
 
 class DistTimeout(TimeoutError):
-    """The run did not finish within its timeout.
+    """The run did not finish within its timeout (or its ranks did not start within the start limit).
 
     Attributes:
         timeout: the limit in seconds.
+        waiting_for: ``"finish"`` (the function ran past ``timeout``) or ``"start"`` (the
+            ranks did not join the process group within the start limit).
         rank_states: ``{rank: description}`` of what every rank was doing when time ran out,
             e.g. ``"blocked in recv(float32[4] from rank 1) for 9.9 s"``.
     """
 
-    def __init__(self, timeout, rank_states):
+    def __init__(self, timeout, rank_states, waiting_for: str = "finish"):
         self.timeout = timeout
         self.rank_states = dict(rank_states)
-        lines = [f"the run did not finish within {timeout:g} s; what each rank was doing:"]
+        self.waiting_for = waiting_for
+        what = "the ranks did not start" if waiting_for == "start" else "the run did not finish"
+        lines = [f"{what} within {timeout:g} s; what each rank was doing:"]
         lines += [f"  rank {r}: {s}" for r, s in sorted(self.rank_states.items())]
         super().__init__("\n".join(lines))
 
     def __reduce__(self):
-        return (type(self), (self.timeout, self.rank_states))
+        return (type(self), (self.timeout, self.rank_states, self.waiting_for))
 
 
 class LaunchError(RuntimeError):

@@ -96,9 +96,10 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
     Args:
         fn: any callable; a function defined in the notebook travels by value.
         nprocs: number of ranks (1 to ``MAX_NPROCS``).
-        timeout: seconds for the whole call, starting the ranks included (a cold start
-            costs ~4 s for 2 ranks and ~7 s for 4 on 2 CPU cores). Past it:
-            :class:`DistTimeout`.
+        timeout: seconds the function may run, counted from the moment every rank has
+            joined the process group. Past it: :class:`DistTimeout`. Starting the ranks is not
+            counted (a cold start costs ~4 s for 2 ranks and ~7 s for 4 on 2 CPU cores); it
+            has its own limit, ``DISTLAB_START_TIMEOUT`` (default 180 s).
         backend: ``None`` picks NCCL when every rank can have its own GPU, gloo otherwise;
             or ``"gloo"`` / ``"nccl"`` explicitly.
         threads: torch threads per rank; default ``max(1, cores // nprocs)``.

@@ -24,6 +24,9 @@ from distlab.errors import DistTimeout, LaunchError, RankError
 from distlab.output import OutputEcho
 
 POLL_SECONDS = 0.01
+START_TIMEOUT = float(os.environ.get("DISTLAB_START_TIMEOUT", 180))
+"""Seconds the ranks may take to start and join the process group (importing torch on every
+rank of a busy 2-core machine can take tens of seconds; a stuck rendezvous ends here)."""
 
 
 def torchrun_command(nprocs: int, run_dir: Path, pool: bool = False) -> list[str]:
@@ -55,7 +58,7 @@ class LocalJob:
             "OMP_NUM_THREADS": str(threads), "DISTLAB_THREADS": str(threads),
             "DISTLAB_BACKEND": backend or "",
             # The process group must not give up before we do: our timeout names the stuck call.
-            "DISTLAB_PG_TIMEOUT": str(timeout + 60),
+            "DISTLAB_PG_TIMEOUT": str(24 * 3600),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]),
             "TMPDIR": str(run_dir), "DISTLAB_USER_TMPDIR": os.environ.get("TMPDIR", ""),
@@ -77,16 +80,19 @@ class LocalJob:
     def wait(self, call_dir: Path | None = None, timeout: float | None = None) -> list:
         """Watch one call until every rank delivered its result; return them in rank order.
 
-        Without ``call_dir``: the job's single call, timed from the job's start. With it: one
-        call of a pool, timed from now.
+        The ``timeout`` clock starts once every rank has joined the process group, so a slow
+        start (all ranks importing torch on a busy machine) does not eat the function's time;
+        starting itself may take up to ``START_TIMEOUT`` seconds. Without ``call_dir``: the
+        job's single call. With it: one call of a pool, whose ranks are already up.
         """
         __tracebackhide__ = True  # noqa: F841
         timeout = self.timeout if timeout is None else timeout
         self.call_dir = call_dir or self.run_dir
         self.succeeded = False
-        deadline = (self.started if call_dir is None else time.monotonic()) + timeout
         results = [files.result_file(self.call_dir, r) for r in range(self.nprocs)]
-        self._watch(lambda: all(path.exists() for path in results), deadline, timeout)
+        if call_dir is None:
+            self._watch(self._all_started, self.started + START_TIMEOUT, START_TIMEOUT, "start")
+        self._watch(lambda: all(path.exists() for path in results), time.monotonic() + timeout, timeout)
         self.succeeded = True
         return [serialize.loads(path.read_bytes()) for path in results]
 
@@ -95,9 +101,17 @@ class LocalJob:
         def ready():
             return all((files.read_state(self.run_dir, r) or {}).get("phase") == "ready"
                        for r in range(self.nprocs))
-        self._watch(ready, self.started + timeout, timeout)
+        self._watch(ready, self.started + timeout, timeout, "start")
 
-    def _watch(self, done, deadline: float, timeout: float) -> None:
+    def _all_started(self) -> bool:
+        """Has every rank joined the process group (and so begun, or finished, the call)?"""
+        for rank in range(self.nprocs):
+            state = files.read_state(self.run_dir, rank)
+            if state is None or state.get("phase") == "starting":
+                return False
+        return True
+
+    def _watch(self, done, deadline: float, timeout: float, waiting_for: str = "finish") -> None:
         __tracebackhide__ = True  # noqa: F841
         errors = [files.error_file(self.call_dir, r) for r in range(self.nprocs)]
         while True:
@@ -111,7 +125,7 @@ class LocalJob:
             if dead or self.agent.poll() is not None:
                 raise self._ended_early(dead)
             if time.monotonic() > deadline:
-                raise DistTimeout(timeout, self._rank_states())
+                raise DistTimeout(timeout, self._rank_states(), waiting_for)
             time.sleep(POLL_SECONDS)
 
     def _note_workers(self) -> None:
