@@ -77,10 +77,10 @@ def test_cpus_per_node_reads_slurms_compressed_format():
     assert slurm.cpus_per_node("") is None
 
 
-def test_a_batch_job_asks_for_its_timeout_plus_a_minute():
-    assert slurm.minutes_for(60) == "2"
-    assert slurm.minutes_for(61) == "3"
-    assert slurm.minutes_for(5) == "2"
+def test_a_batch_job_asks_for_its_timeout_plus_two_minutes_to_start_and_leave():
+    assert slurm.minutes_for(60) == "3"
+    assert slurm.minutes_for(61) == "4"
+    assert slurm.minutes_for(5) == "3"
 
 
 def test_each_node_runs_torchrun_and_only_the_first_hosts_the_rendezvous():

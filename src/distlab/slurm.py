@@ -27,8 +27,8 @@ Two launchers use this recipe:
   (pending, running, done), and streams the ranks' output once they run.
 
 Both behave like the local launcher: results in rank order, :class:`~distlab.RankError` when
-a rank raises, :class:`~distlab.DistTimeout` when time is up (for a batch job the clock starts
-when the job starts running), and every Slurm job or step we started is cancelled on error,
+a rank raises, :class:`~distlab.DistTimeout` when time is up (for a batch job, time in the
+queue does not count), and every Slurm job or step we started is cancelled on error,
 timeout or Ctrl-C. When Slurm itself ends the job (``scancel``, the ``--time`` limit, a node
 failure) the error is a :class:`SlurmJobError` that says so. Success is judged by the result
 files, never by Slurm's exit codes, and Slurm's state is read with ``scontrol`` (``sacct``
@@ -294,8 +294,12 @@ def job_script(config: slurm_config.SlurmConfig, *, nodes: int, nproc_per_node: 
 
 
 def minutes_for(timeout: float) -> str:
-    """A batch job's ``--time`` for a run with this timeout: whole minutes, one to spare."""
-    return str(int(-(-timeout // 60)) + 1)
+    """A batch job's ``--time`` for a run with this timeout: whole minutes, two to spare.
+
+    The run's ``timeout`` starts once every rank has joined the process group; the spare
+    minutes are for starting (Python and torch imported on every rank) and for leaving.
+    """
+    return str(int(-(-timeout // 60)) + 2)
 
 
 # -- the shared run directory ------------------------------------------------------------------
@@ -545,8 +549,8 @@ class SbatchJob(_RemoteRanks, LocalJob):
     """A batch job: write a job script, ``sbatch`` it, watch it, collect the results.
 
     Nothing runs on this machine but us: the "agent" that :class:`~distlab.local.LocalJob`'s
-    loop polls is a :class:`QueuedJob`. The run's ``timeout`` counts from the moment the job
-    starts running; the wait in the queue has its own limit, ``queue_timeout``.
+    loop polls is a :class:`QueuedJob`. The run's ``timeout`` does not include the wait in the
+    queue, which has its own limit, ``queue_timeout``.
     """
 
     def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int,
@@ -577,7 +581,9 @@ class SbatchJob(_RemoteRanks, LocalJob):
         package_root = str(Path(__file__).resolve().parent.parent)
         exports = {  # what LocalJob gives torchrun, plus the path to this distlab
             "OMP_NUM_THREADS": str(threads), "DISTLAB_THREADS": str(threads),
-            "DISTLAB_BACKEND": backend or "", "DISTLAB_PG_TIMEOUT": str(timeout + 60),
+            "DISTLAB_BACKEND": backend or "",
+            # Our timeout (or Slurm's) names the stuck call; the process group must not give up first.
+            "DISTLAB_PG_TIMEOUT": str(24 * 3600),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join([package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
         }
@@ -607,7 +613,7 @@ class SbatchJob(_RemoteRanks, LocalJob):
     def wait(self, *args, **kwargs) -> list:
         __tracebackhide__ = True  # noqa: F841
         self._wait_until_running()
-        self.started = time.monotonic()  # the run's timeout counts from here
+        self.started = time.monotonic()  # the ranks start now, not when we submitted
         return super().wait(*args, **kwargs)
 
     def _wait_until_running(self) -> None:

@@ -56,7 +56,7 @@ class SlurmConfig:
     """``--partition``: the queue, e.g. the one with GPUs (empty: the cluster's default)."""
     time: str = ""
     """``--time`` of a batch job, in Slurm's format ("30", "1:00:00"). Empty: the run's
-    ``timeout`` rounded up to whole minutes, plus one minute."""
+    ``timeout`` rounded up to whole minutes, plus two (to start and to leave)."""
     nodes: int = 1
     """Nodes of a batch job started by ``distlab.run(..., launcher="sbatch")``; the ranks are
     spread evenly, so ``nprocs`` must be a multiple of it."""
