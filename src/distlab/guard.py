@@ -25,7 +25,8 @@ student's function runs, after the process group exists):
 
    * any file operation under a protected path (the solutions, the gradebook and the other
      students' folders, the ``.git`` folder that holds every solution ever committed);
-   * starting processes beyond ``max_spawns`` (0 on ranks: an exercise never needs one).
+   * starting processes beyond ``max_spawns`` (0 on ranks: an exercise never needs one);
+   * signals to any process but its own descendants (a rank killing torchrun or the grader).
 
 Limits of the approach, said plainly: this guards Python-level access. Code that loads C
 functions with ``ctypes`` and makes raw system calls gets past an audit hook; that is why
@@ -120,6 +121,10 @@ def _forbid_collective(op: str) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    try:  # imported before any op is replaced: importing it looks those ops up
+        fc = importlib.import_module("torch.distributed._functional_collectives")
+    except ImportError:
+        fc = None
     name = f"torch.distributed.{op}"
     for module in (dist, c10d):
         if hasattr(module, op):
@@ -141,10 +146,6 @@ def _forbid_collective(op: str) -> None:
         except Exception:  # noqa: BLE001 - an op this torch build does not have
             pass
     if functional:
-        try:
-            fc = importlib.import_module("torch.distributed._functional_collectives")
-        except ImportError:
-            fc = None
         for fname in functional:
             if fc is not None and hasattr(fc, fname):
                 setattr(fc, fname, _raiser(f"torch.distributed._functional_collectives.{fname} (behind {name})"))
@@ -220,7 +221,16 @@ _SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "
                  "os.fork", "os.forkpty", "pty.spawn", "os.startfile"}
 
 _state = {"installed": False, "protected": [], "allowed": [], "spawns_left": None,
-          "allow_command": None}
+          "allow_command": None, "guard_signals": False, "may_kill_self": True}
+
+
+def _is_descendant(pid: int) -> bool:
+    import psutil
+
+    try:
+        return any(p.pid == os.getpid() for p in psutil.Process(pid).parents())
+    except psutil.Error:
+        return True  # already gone: nothing to protect
 
 
 def _resolve(path) -> str | None:
@@ -257,6 +267,14 @@ def _hook(event: str, args) -> None:
                 _check_path(event, raw)
         elif args:
             _check_path(event, args[0])
+    elif event in ("os.kill", "os.killpg") and _state["guard_signals"]:
+        pid = args[0]
+        if event == "os.kill" and pid == os.getpid() and _state["may_kill_self"]:
+            return
+        if pid > 0 and _is_descendant(pid):
+            return
+        raise PermissionError(f"sending a signal to process {pid} {NOT_ALLOWED} "
+                              "(only to processes this one started)")
     elif event in _SPAWN_EVENTS:
         allow = _state["allow_command"]
         if allow is not None and event == "subprocess.Popen" and allow(args):
@@ -275,7 +293,7 @@ def deny_files(paths) -> None:
 
 
 def protect(paths=(), allowed=(), max_spawns: int | None = None, forbidden=(),
-            allow_command=None) -> None:
+            allow_command=None, guard_signals: bool = True, may_kill_self: bool = True) -> None:
     """Install the guard in this process (once; later calls add to it, never remove).
 
     Args:
@@ -284,7 +302,12 @@ def protect(paths=(), allowed=(), max_spawns: int | None = None, forbidden=(),
         max_spawns: how many processes this process may start (``None``: no limit).
         forbidden: API names for :func:`forbid`.
         allow_command: optional ``f(popen_args) -> bool``; spawns it accepts are not counted.
+        guard_signals: refuse ``os.kill``/``os.killpg`` aimed at anything but this process's
+            own descendants (a rank must not kill torchrun, the grader, other students...).
+        may_kill_self: whether ``os.kill(os.getpid(), ...)`` stays allowed.
     """
+    _state["guard_signals"] = _state["guard_signals"] or guard_signals
+    _state["may_kill_self"] = _state["may_kill_self"] and may_kill_self
     _state["protected"] += [os.path.realpath(p) for p in paths]
     _state["allowed"] += [os.path.realpath(p) for p in allowed]
     if max_spawns is not None:
@@ -311,4 +334,4 @@ def protect_rank(paths=(), max_spawns: int = 0, forbidden=(), no_nested_runs: bo
 
         stand_in = _raiser("distlab.run on a rank", " (call it from the notebook, not inside a rank)")
         distlab.run = distlab.launch.run = stand_in
-    protect(paths=paths, max_spawns=max_spawns, forbidden=forbidden)
+    protect(paths=paths, max_spawns=max_spawns, forbidden=forbidden, may_kill_self=False)

@@ -7,6 +7,9 @@
     export   [--to FILE]                every score as CSV (default grader/work/grades.csv)
     class    SLUG --from DIR            collect, autograde, feedback and export in one go
 
+Options of the form ``--Class.trait=value`` go to nbgrader as they are, e.g.
+``--CleanRoomTests.rank_memory_mb=4096`` or ``--Execute.timeout=30``.
+
 Each command is nbgrader's own (``generate_assignment``, ``zip_collect``, ``autograde``,
 ``generate_feedback``, ``export``) run with ``grader/nbgrader_config.py``; this wrapper prints
 what it is doing and how long it took, and says plainly when something failed. A failure on
@@ -32,10 +35,15 @@ def say(message: str) -> None:
     print(f"[distlab.grade] {message}", flush=True)
 
 
+EXTRA: list[str] = []
+"""nbgrader options passed through from our command line (``--Class.trait=value``)."""
+
+
 def nbgrader(*args: str) -> int:
     """Run ``nbgrader ARGS`` with the course config, streaming its log; return its exit code."""
     repo = config.repo_root()
     os.makedirs(config.work_dir(), exist_ok=True)
+    args = (*args, *EXTRA)
     command = [sys.executable, "-m", "nbgrader", *args]
     say("$ nbgrader " + " ".join(args))
     env = dict(os.environ)
@@ -55,12 +63,15 @@ def slugs_in(folder: str) -> list[str]:
     return sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, f"{d}.ipynb")))
 
 
-def release(slugs: list[str]) -> int:
+def release(slugs: list[str], to: str | None = None) -> int:
+    """``nbgrader generate_assignment`` for each slug (all of ``solutions/`` by default)."""
     slugs = slugs or slugs_in("solutions")
+    target = os.path.abspath(to) if to else None
     failed = 0
     for i, slug in enumerate(slugs, 1):
-        say(f"release {i}/{len(slugs)}: solutions/{slug} -> notebooks/{slug}")
-        failed += nbgrader("generate_assignment", slug, "--force") != 0
+        say(f"release {i}/{len(slugs)}: solutions/{slug} -> {target or 'notebooks'}/{slug}")
+        extra = [f"--CourseDirectory.release_directory={target}"] if target else []
+        failed += nbgrader("generate_assignment", slug, "--force", *extra) != 0
     return int(failed > 0)
 
 
@@ -112,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("release", help="generate notebooks/ from solutions/")
     p.add_argument("slugs", nargs="*")
+    p.add_argument("--to", help="release into this folder instead of notebooks/ (to preview)")
     p = sub.add_parser("collect", help="collect submissions (zip files or folders per student)")
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
@@ -125,10 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
     p.add_argument("--to")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if not (a.startswith("--") and "." in a.split("=", 1)[0])]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    EXTRA[:] = extra  # e.g. --CleanRoomTests.rank_memory_mb=4096 --Execute.timeout=30
 
     if args.command == "release":
-        return release(args.slugs)
+        return release(args.slugs, args.to)
     if args.command == "collect":
         return collect(args.slug, args.source)
     if args.command == "autograde":

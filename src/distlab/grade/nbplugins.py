@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from jupyter_client.manager import AsyncKernelManager
+from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
@@ -59,6 +60,7 @@ class KernelExecute(Execute):
         super().__init__(*args, **kwargs)
 
     def preprocess(self, nb, resources, km=None):
+        self._kernel_died = False
         limits.become_subreaper()
         cwd = resources.get("metadata", {}).get("path") or os.getcwd()
         os.environ["DISTLAB_GRADE_KERNEL"] = json.dumps({
@@ -75,11 +77,22 @@ class KernelExecute(Execute):
             limits.kill_descendants()
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
-        if is_test_cell(cell):
+        if is_test_cell(cell) or (cell.cell_type == "code" and self._kernel_died):
             cell.outputs = []
             cell.execution_count = None
             return cell
-        return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        except DeadKernelError as exc:
+            # The student's code killed its kernel (os._exit, SIGKILL, the memory cap...). The
+            # cells after it cannot run there; the tests never did, the clean room runs them.
+            self._kernel_died = True
+            self.log.warning("The kernel died in cell %d: %s", cell_index, exc)
+            cell.outputs = [NotebookNode({"output_type": "error", "ename": "DeadKernelError",
+                                          "evalue": "the kernel died while running this cell",
+                                          "traceback": ["DeadKernelError: the kernel died while running this "
+                                                        "cell; the cells after it were not run in the kernel"]})]
+            return cell
 
 
 class CleanRoomTests(NbGraderPreprocessor):

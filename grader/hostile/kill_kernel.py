@@ -1,0 +1,7 @@
+"""A cell of the student's own kills the notebook's kernel (SIGKILL to itself), after the answers.
+
+Expected: the kernel's death ends the kernel run; the tests, which run outside the kernel,
+still count normally.
+"""
+AFFECTED = []
+EXTRA_CELLS = [("task3-answer", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]

@@ -1,0 +1,15 @@
+"""Task 1's function kills every process above the rank (torchrun, the grader, ...).
+
+Expected: signalling processes other than its own descendants is refused on a graded rank;
+grading goes on; task 1 scores 0.
+"""
+AFFECTED = ["task1-tests"]
+ANSWERS = {"task1-answer": '''import os, signal
+
+def my_rank():
+    import psutil
+    for parent in psutil.Process().parents():
+        if parent.pid > 1:
+            os.kill(parent.pid, signal.SIGKILL)
+    return dist.get_rank()
+'''}

@@ -1,0 +1,10 @@
+"""Return the mean in float64 instead of the input's float32.
+
+Expected: "has dtype torch.float64, expected torch.float32"; task 2 scores 0.
+"""
+AFFECTED = ["task2-tests"]
+ANSWERS = {"task2-answer": '''def global_mean(t):
+    total = t.clone().double()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+'''}

@@ -1,0 +1,101 @@
+"""A throw-away nbgrader course for the grading tests: its own work folder, the real config.
+
+Every command goes through ``python -m distlab.grade`` exactly as an instructor types it,
+with ``DISTLAB_GRADE_WORK`` pointing at a temporary folder, so the tests never touch the
+repository's ``grader/work`` or ``notebooks/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SLUG = "00-first-steps"
+
+
+class Course:
+    def __init__(self, work: Path):
+        self.work = Path(work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.log = ""
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env["DISTLAB_GRADE_WORK"] = str(self.work)
+        return env
+
+    def grade(self, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+        """``python -m distlab.grade ARGS``; its output is kept in ``self.log``."""
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "distlab.grade", *args], cwd=REPO, env=self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+        proc.seconds = time.monotonic() - start
+        self.log += f"\n$ grade {' '.join(args)}  ({proc.seconds:.1f} s, exit {proc.returncode})\n" + proc.stdout + proc.stderr
+        return proc
+
+    def release(self, slug: str = SLUG) -> Path:
+        target = self.work / "release"
+        proc = self.grade("release", slug, "--to", str(target))
+        assert proc.returncode == 0, self.log
+        return target / slug / f"{slug}.ipynb"
+
+    def submit(self, incoming: Path, student: str, notebook_bytes: bytes, slug: str = SLUG) -> None:
+        """Put a student's file where ``collect --from incoming`` expects it."""
+        folder = incoming / student
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{slug}.ipynb").write_bytes(notebook_bytes)
+
+    def scores(self, slug: str = SLUG) -> dict:
+        """``{student: {test grade id: score}}`` straight from the gradebook."""
+        from nbgrader.api import Gradebook
+
+        found: dict = {}
+        with Gradebook(f"sqlite:///{self.work / 'gradebook.db'}") as gb:
+            for student in gb.students:
+                try:
+                    submission = gb.find_submission_notebook(slug, slug, student.id)
+                except Exception:  # noqa: BLE001 - no submission for this student
+                    continue
+                found[student.id] = {g.name: g.score for g in submission.grades}
+        return found
+
+    def table(self, name: str) -> list:
+        with sqlite3.connect(self.work / "gradebook.db") as db:
+            return db.execute(f"select * from {name} order by 1").fetchall()
+
+    def integrity(self) -> str:
+        with sqlite3.connect(self.work / "gradebook.db") as db:
+            return db.execute("pragma integrity_check").fetchone()[0]
+
+
+def notebook_cells(path) -> list:
+    import nbformat
+
+    return nbformat.read(str(path), as_version=4).cells
+
+
+def hidden_test_lines(slug: str = SLUG) -> list[str]:
+    """Every non-trivial line of hidden-test code in the solution notebook."""
+    from distlab.grade.cleanroom import _hidden_lines
+
+    lines = []
+    for cell in notebook_cells(REPO / "solutions" / slug / f"{slug}.ipynb"):
+        source_lines = cell.source.splitlines()
+        for number in sorted(_hidden_lines(cell.source)):
+            text = source_lines[number - 1].strip()
+            if len(text) >= 8 and not text.startswith("###"):
+                lines.append(text)
+    return lines
+
+
+def fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
