@@ -21,7 +21,7 @@ the daemons start and then orphan (``slurmstepd``, job processes) becomes *its* 
 teardown it cancels every job of this private cluster, ends the daemons by pid, then ends
 whatever descendants are left, by pid. It never signals anything by name.
 
-Facts this relies on (measured, see ../shared/MEASURED.md): no ``cgroup.conf`` (22.05 breaks
+Facts this relies on (measured on Debian 12 with Slurm 22.05): no ``cgroup.conf`` (22.05 breaks
 on ``CgroupPlugin=disabled``), ``proctrack/linuxproc`` + ``task/none``; spool dirs created
 first; ``slurmd`` may ignore SIGTERM while it retries a dead controller (SIGKILL follows);
 Slurm client commands block for minutes when the controller is gone (every call here has a
@@ -140,8 +140,9 @@ def ensure_node_names_resolve() -> None:
     if not missing:
         return
     try:
+        ends_with_newline = Path("/etc/hosts").read_text().endswith("\n")
         with open("/etc/hosts", "a") as hosts:
-            hosts.write("\n" + HOSTS_LINE + "\n")
+            hosts.write(("" if ends_with_newline else "\n") + HOSTS_LINE + "\n")
     except OSError as exc:
         raise ClusterError(f"the node names {missing} do not resolve and /etc/hosts is not "
                            f"writable ({exc}); add this line to /etc/hosts:\n{HOSTS_LINE}") from None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -200,6 +199,11 @@ def test_srun_outside_an_allocation_is_a_clear_error(clean_env):
         distlab.run(lambda: 1, nprocs=2, launcher="srun")
 
 
+def test_a_pool_cannot_be_a_batch_job(clean_env):
+    with pytest.raises(ValueError, match="Pool keeps its ranks.*needs an allocation"):
+        distlab.Pool(nprocs=2, launcher="sbatch").start()
+
+
 # ---- on a real Slurm cluster ---------------------------------------------------------------------
 
 def _client(args: list[str]) -> str:
@@ -348,11 +352,16 @@ def test_srun_inside_salloc_runs_two_nodes_times_two_ranks(slurm_env, tmp_path, 
     out = _salloc_python(tmp_path, WHO_AM_I + """
         print("launcher:", distlab.launch.choose_launcher("auto").__name__)
         print("RESULT " + json.dumps(distlab.run(who_am_i, 10, nprocs=4, timeout=90)))
+        with distlab.Pool(nprocs=4) as pool:  # warm ranks, started once through the same srun
+            print("POOL " + json.dumps([pool.run(who_am_i, k, timeout=60) for k in (20, 30)]))
         """.replace("\n        ", "\n"), nodes=2)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "launcher: SrunJob" in out.stdout
     results = json.loads(out.stdout.split("RESULT ", 1)[1].splitlines()[0])
     _check_two_by_two(results, offset=10)
+    first, second = json.loads(out.stdout.split("POOL ", 1)[1].splitlines()[0])
+    _check_two_by_two(first, offset=20)
+    _check_two_by_two(second, offset=30)
     for k in range(4):  # each rank's output streamed with its prefix
         assert re.search(rf"^\[rank {k}\] rank {k} on distlab-n[12]$", out.stdout, flags=re.M)
     assert not list((slurm_env["root"] / "runs").glob("run-*")), "the run directory was not removed"

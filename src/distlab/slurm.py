@@ -49,14 +49,13 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from distlab import rundir as files
 from distlab import slurm_config
-from distlab.errors import LaunchError
+from distlab.errors import LaunchError, RankError
 from distlab.local import LocalJob, _exit_code_from_torchrun_log, _first_failure, _signal_name, _tail
 from distlab.output import OutputEcho
 
@@ -267,7 +266,7 @@ def job_script(config: slurm_config.SlurmConfig, *, nodes: int, nproc_per_node: 
     torchrun = torchrun_on_each_node(python, "$SLURM_NNODES", nproc_per_node,
                                      "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID", target,
                                      ["--max-restarts=0", *torchrun_extra])
-    lines = ["#!/bin/bash", f"# Written by distlab. Submit it with: sbatch <this file>"]
+    lines = ["#!/bin/bash", "# Written by distlab. Submit it with: sbatch <this file>"]
     lines += [f"#SBATCH {option}" for option in sbatch]
     lines += ["", "# 1. The software environment of every node.", *environment_lines(config, exports)]
     lines += [
@@ -371,8 +370,6 @@ class _RemoteRanks:
             how = f"exited with code {code}"
         else:
             how = f"was killed by signal {-code} ({_signal_name(-code)})"
-        from distlab.errors import RankError
-
         return RankError(rank, "ProcessExited",
                          f"the process of rank {rank} {how} before returning a result or raising "
                          f"({what} ended). {output}", "", None,
@@ -433,6 +430,22 @@ class SrunJob(_RemoteRanks, LocalJob):
         line = torchrun_on_each_node(python, str(len(self.hosts)), self.nproc_per_node,
                                      self.endpoint, self.step_name, keep)
         return srun_command(self.hosts, self.step_name, line, self.cpus)
+
+    def wait(self, call_dir: Path | None = None, timeout: float | None = None) -> list:
+        """Watch the call (see :meth:`LocalJob.wait`). A :class:`~distlab.Pool` writes each call
+        into its own folder on this machine: the call moves to the shared directory first."""
+        __tracebackhide__ = True  # noqa: F841
+        if call_dir is not None and Path(call_dir).parent != self.shared_dir:
+            call_dir = self._share_call(Path(call_dir))
+        return super().wait(call_dir, timeout)
+
+    def _share_call(self, local: Path) -> Path:
+        shared = self.shared_dir / local.name
+        shared.mkdir()
+        shutil.copy2(local / files.PAYLOAD, shared / files.PAYLOAD)
+        # The options file tells the waiting ranks to go: it comes last, in one piece.
+        files.write_atomically(shared / files.OPTIONS, (local / files.OPTIONS).read_bytes())
+        return shared
 
     def _ended_early(self, dead: list[int]) -> Exception:
         """srun exited before every rank delivered: say why, from its output."""
