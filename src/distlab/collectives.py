@@ -157,6 +157,33 @@ def tree_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # The α-β cost model: sending m bytes costs α + m·β (α: latency per message, β: seconds per byte).
 
+RING_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "all_gather": lambda n: n - 1,
+    "reduce_scatter": lambda n: n - 1,
+    "broadcast": lambda n: n - 1,
+}
+"""Messages in a row (latency terms) of each op's ring algorithm on n ranks."""
+
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+"""Bytes each rank sends per byte of the (full) tensor, in the ring algorithm. It is also
+the factor from algorithm bandwidth to bus bandwidth in NCCL's performance tests."""
+
+
+def ring_time(op: str, n: int, nbytes: float, alpha: float, beta: float) -> float:
+    """α-β time of ``op`` done with a ring: ``steps·α + factor·nbytes·β``.
+
+    ``nbytes`` is the size of the full tensor (the all-reduce's tensor, the all-gather's
+    output, the reduce-scatter's input).
+    """
+    return RING_STEPS[op](n) * alpha + BUS_FACTOR[op](n) * nbytes * beta
+
+
 def predicted_time(algorithm: str, n: int, nbytes: float, alpha: float, beta: float) -> float:
     """Seconds an all-reduce of ``nbytes`` on ``n`` ranks takes under the α-β model.
 
@@ -167,7 +194,7 @@ def predicted_time(algorithm: str, n: int, nbytes: float, alpha: float, beta: fl
     if n == 1:
         return 0.0
     if algorithm == "ring":
-        return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
+        return ring_time("all_reduce", n, nbytes, alpha, beta)
     if algorithm == "tree":
         return 2 * math.ceil(math.log2(n)) * (alpha + nbytes * beta)
     if algorithm == "naive":
@@ -175,27 +202,23 @@ def predicted_time(algorithm: str, n: int, nbytes: float, alpha: float, beta: fl
     raise ValueError(f"algorithm must be 'ring', 'tree' or 'naive', got {algorithm!r}")
 
 
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-}
-"""algorithm bandwidth × factor = bus bandwidth (the convention of NCCL's performance tests)."""
-
-
 def bus_bandwidth(op: str, n: int, nbytes: float, seconds: float) -> float:
     """Bytes per second each link carried: ``nbytes/seconds`` (algorithm bandwidth) × the op's factor.
 
-    Bus bandwidth can be compared across ops and rank counts with the hardware's link speed.
+    Bus bandwidth can be compared across ops and rank counts, and with the hardware's link speed.
     """
     return nbytes / seconds * BUS_FACTOR[op](n)
 
 
-def fit_alpha_beta(sizes, times, n: int, algorithm: str = "ring") -> tuple[float, float]:
-    """Least-squares α and β from measured (bytes, seconds) pairs of one algorithm on ``n`` ranks."""
+def fit_alpha_beta(op: str, n: int, sizes, times) -> tuple[float, float]:
+    """α and β of the ring model of ``op`` that best fit measured (bytes, seconds) pairs.
+
+    Sizes span many orders of magnitude, so we minimise the *relative* error (each equation
+    divided by its measured time); plain least squares would fit only the largest messages.
+    """
     import numpy as np
 
-    rows = [[predicted_time(algorithm, n, s, 1.0, 0.0), predicted_time(algorithm, n, s, 0.0, 1.0)] for s in sizes]
-    (alpha, beta), *_ = np.linalg.lstsq(np.array(rows), np.array(times, dtype=float), rcond=None)
+    times = np.asarray(times, dtype=float)
+    rows = np.array([[RING_STEPS[op](n), BUS_FACTOR[op](n) * size] for size in sizes], dtype=float)
+    (alpha, beta), *_ = np.linalg.lstsq(rows / times[:, None], np.ones_like(times), rcond=None)
     return float(alpha), float(beta)
