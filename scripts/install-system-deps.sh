@@ -7,6 +7,9 @@ PACKAGES=(
   # runs Debian's slurmctld + two slurmd (slurm-wlm) authenticated by munge.
   slurm-wlm
   munge
+  # tests/test_book.py: the built book is read in headless Chromium (tests/book_browser.py
+  # drives it over the DevTools protocol; no browser download, no driver needed).
+  chromium
 )
 missing=()
 for pkg in "${PACKAGES[@]}"; do
