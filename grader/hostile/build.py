@@ -52,7 +52,7 @@ def solution_answers() -> dict:
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("solution"):
-            answers[meta["grade_id"]] = re.sub(r"^\s*### (BEGIN|END) SOLUTION\s*\n?", "", cell.source, flags=re.M)
+            answers[meta["grade_id"]] = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", "", cell.source, flags=re.M)
     return answers
 
 

@@ -10,14 +10,14 @@ import distlab
 
 _root = os.path.dirname(os.path.dirname(os.path.dirname(distlab.__file__)))
 _work = os.environ.get("DISTLAB_GRADE_WORK") or os.path.join(_root, "grader", "work")
-_targets = glob.glob(os.path.join(_work, "gradebook.db")) + ["../../../gradebook.db"]
+_targets = [os.path.join(_work, "gradebook.db"), "../../../gradebook.db"]
 for _db in _targets:
     for _attempt in (lambda: open(_db, "wb").write(b"garbage"),
                      lambda: sqlite3.connect(_db).execute("delete from grade"),
                      lambda: os.remove(_db)):
         try:
             _attempt()
-            print("NOT refused:", _db)
+            print("NOT refused:", os.path.realpath(_db))
         except Exception as _e:
             print("refused:", type(_e).__name__)
 for _attempt in (lambda: shutil.rmtree(os.path.join(_work, "submitted")),

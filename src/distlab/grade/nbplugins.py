@@ -76,23 +76,23 @@ class KernelExecute(Execute):
             os.environ.pop("DISTLAB_GRADE_KERNEL", None)
             limits.kill_descendants()
 
-    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+    def preprocess_cell(self, cell, resources, index):
         if is_test_cell(cell) or (cell.cell_type == "code" and self._kernel_died):
             cell.outputs = []
             cell.execution_count = None
-            return cell
+            return cell, resources
         try:
-            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+            return super().preprocess_cell(cell, resources, index)
         except DeadKernelError as exc:
             # The student's code killed its kernel (os._exit, SIGKILL, the memory cap...). The
             # cells after it cannot run there; the tests never did, the clean room runs them.
             self._kernel_died = True
-            self.log.warning("The kernel died in cell %d: %s", cell_index, exc)
+            self.log.warning("The kernel died in cell %d: %s", index, exc)
             cell.outputs = [NotebookNode({"output_type": "error", "ename": "DeadKernelError",
                                           "evalue": "the kernel died while running this cell",
                                           "traceback": ["DeadKernelError: the kernel died while running this "
                                                         "cell; the cells after it were not run in the kernel"]})]
-            return cell
+            return cell, resources
 
 
 class CleanRoomTests(NbGraderPreprocessor):

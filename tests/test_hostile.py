@@ -1,0 +1,123 @@
+"""Hostile submissions (grader/hostile/*.py) graded in one autograde run, next to honest ones.
+
+For each: the tasks it attacks score 0 and the others their normal score; grading stays
+within its time bound; no process it started survives; the gradebook is intact; the honest
+students graded before and after it keep their full marks.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+import pytest
+
+from grading_support import REPO, SLUG, Course, fresh_dir
+
+sys.path.insert(0, str(REPO / "grader" / "hostile"))
+import build as hostile  # noqa: E402
+
+SPECS = hostile.specs()
+CONTROLS = ("aa-control", "zz-control")  # graded first and last (nbgrader goes in name order)
+SECONDS_PER_SUBMISSION = 150
+"""Bound per hostile submission: three test cells, each with runs bounded by 40 s timeouts,
+plus the kernel run (per-cell timeout 20 s here); the ones that do not hang take ~30 s."""
+
+
+def _student(name: str) -> str:
+    return "h-" + name.replace("_", "-")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    course = Course(root / "work")
+    release = course.release()
+    incoming = fresh_dir(root / "incoming")
+    correct = hostile.build(type("Correct", (), {})(), str(release))
+    for control in CONTROLS:
+        course.submit(incoming, control, correct)
+    for name, spec in SPECS.items():
+        course.submit(incoming, _student(name), hostile.build(spec, str(release)))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    source_cells_before = course.table("source_cell")
+    start = time.monotonic()
+    autograde = course.grade("autograde", SLUG, "--Execute.timeout=20")
+    seconds = time.monotonic() - start
+    feedback = course.grade("feedback", SLUG)
+    return {"course": course, "scores": course.scores(), "autograde": autograde, "feedback": feedback,
+            "seconds": seconds, "source_cells_before": source_cells_before}
+
+
+def test_there_are_at_least_twenty_hostile_submissions():
+    assert len(SPECS) >= 20
+    for name, spec in SPECS.items():
+        assert spec.__doc__ and set(getattr(spec, "AFFECTED", [])) <= set(hostile.POINTS), name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_hostile_submission_scores(graded, name):
+    got = graded["scores"].get(_student(name), {})
+    got = {cell: float(got.get(cell) or 0.0) for cell in hostile.POINTS}
+    expected = hostile.expected_scores(SPECS[name])
+    assert got == expected, (f"{name}: {SPECS[name].__doc__.strip()}\n"
+                             f"scores {got}, expected {expected}\n--- grading log ---\n{graded['course'].log[-20000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_honest_students_around_them_keep_full_marks(graded):
+    for control in CONTROLS:
+        assert graded["scores"][control] == {c: float(p) for c, p in hostile.POINTS.items()}, control
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_gradebook_is_intact(graded):
+    course = graded["course"]
+    assert course.integrity() == "ok"
+    assert course.table("source_cell") == graded["source_cells_before"], "the instructor's cells changed"
+    assert not (course.work / "planted.txt").exists()
+    submitted = {p.name for p in (course.work / "submitted").iterdir()}
+    assert set(CONTROLS) | {_student(n) for n in SPECS} <= submitted
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_grading_stays_within_its_time_bound(graded):
+    course = graded["course"]
+    n = len(SPECS) + len(CONTROLS)
+    assert graded["seconds"] <= n * SECONDS_PER_SUBMISSION
+    # per submission: the autograded notebooks are written one after the other
+    stamps = sorted(p.stat().st_mtime for p in (course.work / "autograded").glob(f"*/{SLUG}/{SLUG}.ipynb"))
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert max(gaps) <= SECONDS_PER_SUBMISSION, f"slowest submission took {max(gaps):.0f} s"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_no_process_survives_grading(graded):
+    markers = [getattr(spec, "MARKER") for spec in SPECS.values() if hasattr(spec, "MARKER")]
+    assert markers
+    survivors = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in markers):
+            survivors.append((proc.pid, cmd))
+    assert not survivors
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_a_broken_submission_is_reported_and_the_rest_graded(graded):
+    log = graded["course"].log
+    assert graded["autograde"].returncode != 0  # malformed_notebook: nbgrader reports a failure ...
+    assert "h-malformed-notebook" in log
+    assert graded["scores"]["zz-control"]  # ... and grades everyone after it
+    assert graded["feedback"].returncode in (0, 1)
