@@ -265,7 +265,7 @@ def test_unpicklable_things_are_named(no_process_may_start):
         distlab.run(print, stream=(x for x in range(3)), nprocs=2)
 
 
-def test_global_unpicklable_is_named(no_process_may_start, tmp_path):
+def test_global_unpicklable_is_named(tmp_path):
     script = tmp_path / "nb.py"
     script.write_text(
         "import threading, distlab\n"

@@ -102,7 +102,8 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
             has its own limit, ``DISTLAB_START_TIMEOUT`` (default 180 s).
         backend: ``None`` picks NCCL when every rank can have its own GPU, gloo otherwise;
             or ``"gloo"`` / ``"nccl"`` explicitly.
-        threads: torch threads per rank; default ``max(1, cores // nprocs)``.
+        threads: torch threads per rank; default ``max(1, cores // ranks on the node)``,
+            decided on the node each rank runs on.
         seed: every rank seeds ``random``, ``torch`` (and ``numpy`` if loaded) with it.
         launcher: ``"local"`` (torchrun on this machine), ``"srun"`` (inside a Slurm allocation),
             ``"sbatch"`` (a Slurm batch job) or ``"auto"`` (srun inside an allocation, else local).
@@ -127,7 +128,7 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
     pool = active_pool(nprocs, backend, threads, launcher)
     if pool is not None and not any(step["when"] == "start" for step in current_rank_setup()):
         return pool.run(fn, *args, timeout=timeout, seed=seed, **kwargs)
-    threads = check_arguments(fn, nprocs, timeout, backend, threads)
+    check_arguments(fn, nprocs, timeout, backend, threads)
     job_class = choose_launcher(launcher)
     blob = serialize.dumps_call(fn, args, kwargs)
     run_dir = Path(tempfile.mkdtemp(prefix="distlab-"))
@@ -145,7 +146,7 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def check_arguments(fn, nprocs, timeout, backend, threads) -> int:
+def check_arguments(fn, nprocs, timeout, backend, threads) -> None:
     if not callable(fn):
         raise TypeError(f"distlab.run needs a function to call, got {type(fn).__name__} {fn!r}")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int):
@@ -164,10 +165,7 @@ def check_arguments(fn, nprocs, timeout, backend, threads) -> int:
             raise ValueError(
                 f"backend='nccl' needs one GPU per rank: {nprocs} ranks asked for, {gpus} GPU(s) "
                 "visible here. Use backend=None (gloo on the CPU) or fewer ranks.")
-    if threads is None:
-        return max(1, (os.cpu_count() or 1) // nprocs)
-    if not isinstance(threads, int) or threads < 1:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
-    return threads
 
 

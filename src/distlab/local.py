@@ -36,6 +36,27 @@ def torchrun_command(nprocs: int, run_dir: Path, pool: bool = False) -> list[str
             "--module", "distlab.worker", str(run_dir)] + (["--pool"] if pool else [])
 
 
+def worker_environment(backend: str | None, threads: int | None) -> dict[str, str]:
+    """The environment variables every distlab worker needs, whichever launcher starts it.
+
+    ``threads=None`` lets each rank size its own thread pool from the cores of the node it
+    runs on (what a Slurm job needs: the login node's core count says nothing about it).
+    """
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = {
+        "DISTLAB_BACKEND": backend or "",
+        "DISTLAB_THREADS": str(threads or ""),
+        # The process group must not give up before we do: our timeout names the stuck call.
+        "DISTLAB_PG_TIMEOUT": str(24 * 3600),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+    }
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
 class LocalJob:
     """One torchrun and its workers, from start to cleanup.
 
@@ -44,7 +65,9 @@ class LocalJob:
     own folder ``run_dir/call-<k>``; :meth:`wait` watches one call at a time.
     """
 
-    def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int,
+    poll_seconds = POLL_SECONDS  # how often the run directory is looked at (slower on shared filesystems)
+
+    def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int | None,
                  pool: bool = False):
         self.run_dir, self.nprocs, self.timeout, self.pool = run_dir, nprocs, timeout, pool
         self.call_dir = run_dir
@@ -52,17 +75,12 @@ class LocalJob:
         self.echo = OutputEcho(run_dir, nprocs)
         self.succeeded = False
         self.workers: dict[int, psutil.Process] = {}
-        env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env.update({
-            "OMP_NUM_THREADS": str(threads), "DISTLAB_THREADS": str(threads),
-            "DISTLAB_BACKEND": backend or "",
-            # The process group must not give up before we do: our timeout names the stuck call.
-            "DISTLAB_PG_TIMEOUT": str(24 * 3600),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]),
-            "TMPDIR": str(run_dir), "DISTLAB_USER_TMPDIR": os.environ.get("TMPDIR", ""),
-        })
+        # Same machine: size threads from our cores (torchrun would otherwise set 1 and warn).
+        threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
+        env = dict(os.environ, **worker_environment(backend, threads))
+        # torchrun's temporary files go into the run directory (deleted with it); the
+        # worker gives the user's code its own TMPDIR back.
+        env.update(TMPDIR=str(run_dir), DISTLAB_USER_TMPDIR=os.environ.get("TMPDIR", ""))
         self.agent_log = open(run_dir / files.AGENT_LOG, "wb")
         self.agent = subprocess.Popen(
             self.command(), env=env, cwd=os.getcwd(),
@@ -126,7 +144,7 @@ class LocalJob:
                 raise self._ended_early(dead)
             if time.monotonic() > deadline:
                 raise DistTimeout(timeout, self._rank_states(), waiting_for)
-            time.sleep(POLL_SECONDS)
+            time.sleep(self.poll_seconds)
 
     def _note_workers(self) -> None:
         if len(self.workers) == self.nprocs:

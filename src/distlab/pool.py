@@ -47,8 +47,8 @@ class Pool:
 
     def __init__(self, nprocs: int = 2, backend: str | None = None, threads: int | None = None,
                  launcher: str = "auto"):
-        self.threads = launch.check_arguments(print, nprocs, 1.0, backend, threads)
-        self.nprocs, self.backend, self.launcher = nprocs, backend, launcher
+        launch.check_arguments(print, nprocs, 1.0, backend, threads)
+        self.nprocs, self.backend, self.threads, self.launcher = nprocs, backend, threads, launcher
         self.job = None
         self.run_dir: Path | None = None
         self.calls = 0
@@ -64,10 +64,10 @@ class Pool:
         self.run_dir = Path(tempfile.mkdtemp(prefix="distlab-pool-"))
         options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": 0, "setup": []}
         (self.run_dir / files.OPTIONS).write_text(json.dumps(options))
-        job_class = launch.choose_launcher(self.launcher)
-        self.job = job_class(self.run_dir, self.nprocs, START_TIMEOUT, self.backend, self.threads, pool=True)
         self.calls = 0
         try:
+            job_class = launch.choose_launcher(self.launcher)
+            self.job = job_class(self.run_dir, self.nprocs, START_TIMEOUT, self.backend, self.threads, pool=True)
             self.job.wait_until_ready(START_TIMEOUT)
         except BaseException:
             self._discard()
@@ -85,7 +85,8 @@ class Pool:
     def _discard(self) -> None:
         job, self.job = self.job, None
         try:
-            job.stop()
+            if job is not None:
+                job.stop()
         finally:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -149,7 +150,7 @@ def active_pool(nprocs: int, backend, threads, launcher: str) -> Pool | None:
     pool = _active.get(nprocs)
     if pool is None or pool.backend != backend or pool.launcher != launcher:
         return None
-    if threads is not None and threads != pool.threads:
+    if threads != pool.threads:
         return None
     return pool
 

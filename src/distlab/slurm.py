@@ -56,7 +56,8 @@ from pathlib import Path
 from distlab import rundir as files
 from distlab import slurm_config
 from distlab.errors import LaunchError, RankError
-from distlab.local import LocalJob, _exit_code_from_torchrun_log, _first_failure, _signal_name, _tail
+from distlab.local import (LocalJob, _exit_code_from_torchrun_log, _first_failure, _signal_name, _tail,
+                           worker_environment)
 from distlab.output import OutputEcho
 
 CLIENT_TIMEOUT = 30.0
@@ -338,6 +339,8 @@ class _RemoteRanks:
     jobs rely on the ranks' files and on Slurm's word instead.
     """
 
+    poll_seconds = 0.1  # the run directory is on a shared filesystem: look less often
+
     def _note_workers(self) -> None:
         pass
 
@@ -590,16 +593,8 @@ class SbatchJob(_RemoteRanks, LocalJob):
         self.agent = QueuedJob(self.job_id, self.config.poll_seconds,
                                on_change=lambda job: _show(f"job {job.job_id}: {job.describe()}"))
 
-    def _job_script(self, timeout: float, backend, threads: int) -> str:
-        package_root = str(Path(__file__).resolve().parent.parent)
-        exports = {  # what LocalJob gives torchrun, plus the path to this distlab
-            "OMP_NUM_THREADS": str(threads), "DISTLAB_THREADS": str(threads),
-            "DISTLAB_BACKEND": backend or "",
-            # Our timeout (or Slurm's) names the stuck call; the process group must not give up first.
-            "DISTLAB_PG_TIMEOUT": str(24 * 3600),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-        }
+    def _job_script(self, timeout: float, backend, threads: int | None) -> str:
+        exports = worker_environment(backend, threads)  # the same variables LocalJob gives torchrun
         return job_script(self.config, nodes=self.nodes, nproc_per_node=self.nproc_per_node,
                           target=["--module", "distlab.worker", str(self.shared_dir)],
                           job_name="distlab", time_limit=self.config.time or minutes_for(timeout),

@@ -161,6 +161,10 @@ def main() -> None:
         _report_exception(run_dir, rank, exc)
         _leave(None, ok=False)
 
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    threads = int(os.environ.get("DISTLAB_THREADS") or max(1, len(os.sched_getaffinity(0)) // local_world_size))
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read when torch is imported
+
     import datetime
 
     import torch
@@ -168,8 +172,7 @@ def main() -> None:
 
     from distlab import devices
 
-    torch.set_num_threads(int(os.environ.get("DISTLAB_THREADS", "1")))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    torch.set_num_threads(threads)
     backend = devices.choose_backend(os.environ.get("DISTLAB_BACKEND"), local_world_size)
     timeout = datetime.timedelta(seconds=float(os.environ.get("DISTLAB_PG_TIMEOUT", "1800")))
     files.write_state(run_dir, rank, {"phase": "starting", "since": time.time()})
