@@ -71,6 +71,15 @@ def test_every_page_in_the_toc_exists_and_executable_pages_have_jupytext_metadat
                 "render it as a plain page and never execute it")
 
 
+def test_glossary_defines_at_least_45_terms_and_pages_link_to_it():
+    text = (REPO / "book" / "appendices" / "glossary.md").read_text()
+    body = text.split("```{glossary}", 1)[1].split("\n```", 1)[0]
+    definitions = re.findall(r"(?:^[^\s:].*\n)+(?:^  \S.*\n?)+", body, re.M)
+    assert len(definitions) >= 45, f"{len(definitions)} glossary entries"
+    for page in ("book/intro.md", "book/getting-started/first-steps.md"):
+        assert "{term}`" in (REPO / page).read_text(), f"{page} links no glossary term"
+
+
 def test_config_keeps_tools_and_solutions_out_of_the_sources():
     excluded = set(CONFIG["exclude_patterns"])
     for name in (".venv", "_build", "tests", "grader", "benchmarks", "solutions", "src"):
