@@ -47,3 +47,30 @@ bench: $(STAMP)
 
 clean:
 	rm -rf _build
+
+# -- Grading (issue 5): the instructor's commands, see book/appendices/instructors-guide.md ----
+# SLUG=00-first-steps, FROM=folder of submissions (one <student_id>.zip or folder each).
+SLUG ?= 00-first-steps
+GRADE := $(PY) -m distlab.grade
+.PHONY: grade-release grade-collect grade-autograde grade-feedback grade-export grade-class bench-autograde
+
+grade-release: $(STAMP)
+	$(GRADE) release
+
+grade-collect: $(STAMP)
+	$(GRADE) collect $(SLUG) --from "$(FROM)"
+
+grade-autograde: $(STAMP)
+	$(GRADE) autograde $(SLUG)
+
+grade-feedback: $(STAMP)
+	$(GRADE) feedback $(SLUG)
+
+grade-export: $(STAMP)
+	$(GRADE) export
+
+grade-class: $(STAMP)
+	$(GRADE) class $(SLUG) --from "$(FROM)"
+
+bench-autograde: $(STAMP)
+	$(PY) benchmarks/autograde.py

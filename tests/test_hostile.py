@@ -69,6 +69,19 @@ def test_hostile_submission_scores(graded, name):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name", sorted(n for n, s in SPECS.items() if hasattr(s, "OUTPUT_CONTAINS")))
+def test_the_defence_that_stopped_it_shows_in_the_graded_notebook(graded, name):
+    """A positive check per mechanism (memory cap, process cap, guard...), not just a zero."""
+    course = graded["course"]
+    text = (course.work / "autograded" / _student(name) / SLUG / f"{SLUG}.ipynb").read_text()
+    for needle in SPECS[name].OUTPUT_CONTAINS:
+        assert needle in text or needle.replace("'", "\\'") in text, f"{name}: {needle!r} not in its graded notebook"
+    for needle in getattr(SPECS[name], "OUTPUT_EXCLUDES", []):
+        assert needle.format(work=course.work) not in text, name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_honest_students_around_them_keep_full_marks(graded):
     for control in CONTROLS:
         assert graded["scores"][control] == {c: float(p) for c, p in hostile.POINTS.items()}, control

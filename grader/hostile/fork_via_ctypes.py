@@ -4,6 +4,7 @@ This is what the process cap is for when RLIMIT_NPROC does not bind (root): the 
 watchdog sees more live descendants than its cap, kills them and ends the rank.
 Expected: task 1 scores 0 and no forked child survives.
 """
+OUTPUT_CONTAINS = ["more than its cap of"]
 AFFECTED = ["task1-tests"]
 ANSWERS = {"task1-answer": '''import ctypes, time
 

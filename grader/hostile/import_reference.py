@@ -4,6 +4,7 @@
 Expected: the exercise forbids distlab's reference modules and the grader protects the
 solutions; global_mean is never defined; task 2 scores 0.
 """
+OUTPUT_CONTAINS = ["not allowed in this exercise"]
 AFFECTED = ["task2-tests"]
 ANSWERS = {"task2-answer": r'''import json, os
 import distlab

@@ -3,5 +3,6 @@
 Expected: the kernel's death ends the kernel run; the tests, which run outside the kernel,
 still count normally.
 """
+OUTPUT_CONTAINS = ["DeadKernelError"]
 AFFECTED = []
 EXTRA_CELLS = [("task3-answer", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]

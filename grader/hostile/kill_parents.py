@@ -3,6 +3,7 @@
 Expected: signalling processes other than its own descendants is refused on a graded rank;
 grading goes on; task 1 scores 0.
 """
+OUTPUT_CONTAINS = ["not allowed in this exercise"]
 AFFECTED = ["task1-tests"]
 ANSWERS = {"task1-answer": '''import os, signal
 

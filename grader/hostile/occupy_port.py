@@ -3,6 +3,7 @@
 Expected: distlab picks its rendezvous ports itself, so grading is unaffected: every task
 counts normally; the background process is gone after grading.
 """
+OUTPUT_CONTAINS = ["holding"]
 AFFECTED = []
 MARKER = "distlab-hostile-port"
 EXTRA_CELLS = [("setup", r'''import socket, subprocess, sys

@@ -3,6 +3,7 @@
 Expected: the rank's output cap stops it ("File too large") and task 1 scores 0; the
 notebook receives at most the echo limit of it.
 """
+OUTPUT_CONTAINS = ["File too large"]
 AFFECTED = ["task1-tests"]
 ANSWERS = {"task1-answer": '''def my_rank():
     print("x" * (100 * 2**20), flush=True)

@@ -4,6 +4,7 @@ test cells; the solutions folder; the gradebook; git) and copy the answers from 
 Expected: every one of those paths is refused while grading, so the answers stay wrong;
 task 3 scores 0. (Had the read worked, the answers would be right: the test would see it.)
 """
+OUTPUT_CONTAINS = ["refused:"]
 AFFECTED = ["task3-tests"]
 ANSWERS = {"task3-answer": r'''import glob, os, re, sqlite3
 import distlab

@@ -3,6 +3,7 @@
 Expected: starting processes is refused on a graded rank ("not allowed in this exercise"),
 task 1 scores 0, and no process carrying the marker exists after grading.
 """
+OUTPUT_CONTAINS = ["not allowed in this exercise"]
 AFFECTED = ["task1-tests"]
 MARKER = "distlab-hostile-spawn200"
 ANSWERS = {"task1-answer": '''import subprocess, sys

@@ -4,6 +4,8 @@ into the grader's working folder, from the kernel and from the ranks.
 Expected: every attempt is refused ("not allowed in this exercise"); the gradebook is intact,
 other students' grades are unchanged, and this submission (otherwise correct) counts normally.
 """
+OUTPUT_CONTAINS = ["refused:"]
+OUTPUT_EXCLUDES = ["NOT refused: {work}"]
 AFFECTED = []
 EXTRA_CELLS = [("task3-answer", r'''import glob, os, shutil, sqlite3
 import distlab

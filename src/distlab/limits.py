@@ -71,8 +71,10 @@ def _set_rlimit(which: int, value: int) -> None:
 
 
 def apply(memory_mb: int | None = None, processes: int | None = None, output_mb: int | None = None,
-          wall_s: float | None = None, cpu_s: int | None = None, label: str = "this process") -> None:
+          wall_s: float | None = None, cpu_s: int | None = None, label: str | None = None) -> None:
     """Cap this process (see the table in the module docstring). ``None`` leaves a cap off."""
+    if label is None:
+        label = f"rank {os.environ['RANK']}" if "RANK" in os.environ else "this process"
     if memory_mb is not None:
         _set_rlimit(resource.RLIMIT_AS, int(memory_mb) * MiB)
     if output_mb is not None:
@@ -147,7 +149,22 @@ class Watchdog(threading.Thread):
             time.sleep(WATCH_INTERVAL_S)
 
     def _end(self, code: int, why: str) -> None:
-        kill_descendants()
+        # The main thread may still be starting processes while we kill: sweep until three
+        # sweeps in a row find nothing, then leave. (In the grader, whatever slips through is
+        # re-parented to the clean room or the nbgrader process, both subreapers that kill
+        # everything below them when a notebook is done.)
+        quiet = 0
+        for _ in range(500):
+            procs = descendants()
+            quiet = quiet + 1 if not procs else 0
+            if quiet >= 3:
+                break
+            for proc in procs:
+                try:
+                    proc.kill()
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+            time.sleep(0.005)
         try:
             os.write(2, f"\n[distlab limits] {why}\n".encode())
         except OSError:

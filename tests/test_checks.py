@@ -1,0 +1,253 @@
+"""distlab.checks, distlab.guard, distlab.limits and the grader's safe loader."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab import checks, launch
+from distlab.grade import safeload
+
+# -- the data-only loader ------------------------------------------------------------------------
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/distlab-pwned-by-pickle",))
+
+
+def test_safe_loader_reads_plain_data_and_marked_tensors():
+    value = {"x": [1, 2.5, "a", None, (True,)], "t": safeload.encode(torch.arange(3.0))}
+    loaded = safeload.loads(pickle.dumps(value))
+    assert loaded["x"] == [1, 2.5, "a", None, (True,)]
+    torch.testing.assert_close(loaded["t"], torch.arange(3.0))
+
+
+def test_safe_loader_refuses_anything_that_could_run_code(tmp_path):
+    target = "/tmp/distlab-pwned-by-pickle"
+    if os.path.exists(target):
+        os.remove(target)
+    with pytest.raises(safeload.UnsafeData, match="refuses to load posix.system"):
+        safeload.loads(pickle.dumps(_Evil()))
+    with pytest.raises(safeload.UnsafeData):
+        safeload.loads(pickle.dumps(torch.ones(2)))  # an unmarked tensor needs torch's globals
+    assert not os.path.exists(target)
+    with pytest.raises(TypeError, match="plain data"):
+        safeload.encode(_Evil())
+
+
+# -- values, gradients, communication, memory ------------------------------------------------------
+
+def test_tensor_close_message_names_the_error_and_tolerance_but_not_the_reference():
+    expected = torch.tensor([[1.25, 2.5], [3.75, 5.125]])
+    actual = expected.clone()
+    actual[1, 0] += 0.5
+    with pytest.raises(checks.CheckFailed) as err:
+        checks.assert_tensor_close(actual, expected, name="the mean on rank 3")
+    message = str(err.value)
+    assert "the mean on rank 3" in message and "max abs error 0.5" in message and "(1, 0)" in message
+    assert "max rel error" in message and "atol=" in message and "rtol=" in message
+    for value in ("1.25", "3.75", "5.125"):
+        assert value not in message
+    with pytest.raises(checks.CheckFailed, match="dtype torch.float64"):
+        checks.assert_tensor_close(expected.double(), expected)
+    with pytest.raises(checks.CheckFailed, match=r"shape \(4,\)"):
+        checks.assert_tensor_close(expected.flatten(), expected)
+    with pytest.raises(checks.CheckFailed, match="NaN"):
+        checks.assert_tensor_close(expected * float("nan"), expected)
+    checks.assert_tensor_close(expected * (1 + 1e-7), expected)  # reordering-sized error passes
+
+
+def test_gradient_check_names_parameter_and_rank():
+    reference = {"weight": torch.ones(2, 2), "bias": torch.ones(2)}
+    ok = {"weight": torch.ones(2, 2) + 1e-8, "bias": torch.ones(2)}
+    wrong = {"weight": torch.ones(2, 2), "bias": torch.ones(2) * 2}
+    checks.assert_gradients_match([ok, ok], reference)
+    with pytest.raises(checks.CheckFailed, match=r"gradient of `bias` on rank 1 is off: max abs error 1"):
+        checks.assert_gradients_match([ok, wrong], reference)
+    with pytest.raises(checks.CheckFailed, match="rank 0: no gradient for parameter"):
+        checks.assert_gradients_match([{"weight": torch.ones(2, 2)}], reference)
+
+
+def test_optimizer_tolerances_follow_the_learning_rate():
+    assert checks.optimizer_tolerance("adamw", lr=1e-2, steps=3) == pytest.approx(3e-2)
+    assert checks.optimizer_tolerance("sgd", lr=1e-2, steps=3) < 1e-6
+    with pytest.raises(ValueError):
+        checks.optimizer_tolerance("lion", lr=1.0, steps=1)
+
+
+def test_comm_assertions_count_calls_and_bytes():
+    log = [{"op": "all_reduce", "sent": 6, "received": 6, "group_size": 2}]
+    checks.assert_comm([log, log], calls={"all_reduce": 1}, max_bytes_sent=checks.all_reduce_bytes(12, 2))
+    with pytest.raises(checks.CheckFailed, match=r"rank 0 made these distributed calls: all_reduce x1; the exercise asks for all_gather x1"):
+        checks.assert_comm([log], calls={"all_gather": 1})
+    with pytest.raises(checks.CheckFailed, match="rank 1 sent 18 bytes"):
+        checks.assert_comm([log, [{"op": "all_gather", "sent": 18, "received": 18, "group_size": 4}]],
+                           max_bytes_sent=checks.all_reduce_bytes(12, 2))
+    assert checks.all_reduce_bytes(1024, 4) == 1536
+
+
+def test_memory_counts_parameters_gradients_and_optimizer_state():
+    model = torch.nn.Linear(10, 5)  # 55 parameters, 220 bytes
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 10)).sum().backward()
+    optimizer.step()
+    counted = checks.state_bytes(model, optimizer)
+    assert counted["parameters"] == 220 and counted["gradients"] == 220
+    assert counted["optimizer"] == 2 * 220 + 2 * 4  # exp_avg, exp_avg_sq, and a step counter per tensor
+    checks.assert_memory([counted], {"parameters": 220, "gradients": 220})
+    with pytest.raises(checks.CheckFailed, match="rank 0 holds 448 bytes of optimizer"):
+        checks.assert_memory([counted], {"optimizer": 220}, margin=0.5)
+
+
+# -- on real ranks ---------------------------------------------------------------------------------
+
+def _ddp_gradients(xs, ys):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(6, 3))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shard = slice(rank * len(xs) // world, (rank + 1) * len(xs) // world)
+    torch.nn.functional.mse_loss(model(xs[shard]), ys[shard]).backward()
+    return {name.removeprefix("module."): p.grad for name, p in model.named_parameters()}
+
+
+def test_torch_ddp_gradients_pass_the_gradient_check_and_a_missing_average_fails_it():
+    g = torch.Generator().manual_seed(1)
+    xs, ys = torch.randn(16, 6, generator=g), torch.randn(16, 3, generator=g)
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(6, 3)
+    torch.nn.functional.mse_loss(reference(xs), ys).backward()
+    grads = {name: p.grad for name, p in reference.named_parameters()}
+    per_rank = distlab.run(_ddp_gradients, xs, ys, nprocs=2, timeout=90)
+    checks.assert_gradients_match(per_rank, grads)  # ~1e-8 apart: well inside the tolerance
+    summed = [{k: v * 2 for k, v in r.items()} for r in per_rank]  # forgot to divide by the world size
+    with pytest.raises(checks.CheckFailed, match="rank 0 is off"):
+        checks.assert_gradients_match(summed, grads)
+
+
+def _try_everything():
+    import subprocess
+
+    import torch.distributed.distributed_c10d as c10d
+
+    t = torch.ones(3)
+    attempts = {
+        "dist.all_reduce": lambda: dist.all_reduce(t),
+        "c10d.all_reduce": lambda: c10d.all_reduce(t),
+        "process group object": lambda: c10d._get_default_group().allreduce([t]).wait(),
+        "dispatcher op": lambda: torch.ops.c10d.allreduce_([t]),
+        "functional collective": lambda: __import__("torch.distributed._functional_collectives",
+                                                    fromlist=["x"]).all_reduce(t, "sum", c10d._get_default_group()),
+        "distlab.comm.original": lambda: __import__("distlab.comm", fromlist=["x"]).original("all_reduce")(t),
+        "forbidden module": lambda: __import__("distlab.collectives", fromlist=["x"]).naive_all_reduce(t),
+        "protected file": lambda: open(os.path.join(os.path.dirname(distlab.__file__), "..", "..", "solutions",
+                                                    "00-first-steps", "00-first-steps.ipynb")).read(),
+        "start a process": lambda: subprocess.run(["true"]),
+        "signal the parent": lambda: os.kill(os.getppid(), 0),
+        "nested distlab.run": lambda: distlab.run(lambda: 1),
+    }
+    outcome = {}
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            outcome[what] = "ran"
+        except Exception as exc:  # noqa: BLE001
+            outcome[what] = f"{type(exc).__name__}: {exc}"
+    dist.broadcast(t, 0)  # what is not forbidden still works
+    outcome["broadcast"] = "ran"
+    return outcome
+
+
+def test_guard_forbids_apis_and_their_bypasses_files_processes_and_signals():
+    solutions = os.path.join(os.path.dirname(distlab.__file__), "..", "..", "solutions")
+    with launch.rank_setup("distlab.guard", "protect_rank", when="call", paths=[os.path.realpath(solutions)],
+                           max_spawns=0, forbidden=["torch.distributed.all_reduce", "distlab.collectives"]):
+        outcome = distlab.run(_try_everything, nprocs=2, timeout=90)[1]
+    assert outcome.pop("broadcast") == "ran"
+    for what, result in outcome.items():
+        assert "not allowed in this exercise" in result, f"{what}: {result}"
+
+
+def _allocate_and_report(gib):
+    try:
+        torch.ones(int(gib * 2**30) // 4)
+        return "allocated"
+    except RuntimeError as exc:
+        return str(exc)
+
+
+def _spawn_children(n):
+    import subprocess
+    import sys
+    import time
+
+    for _ in range(n):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "distlab-test-cap-child"],
+                         start_new_session=True)
+    time.sleep(10)
+    return "not stopped"
+
+
+def test_memory_cap_makes_a_10_gb_allocation_fail_inside_the_rank():
+    with launch.rank_setup("distlab.limits", "apply", when="start", memory_mb=3072):
+        results = distlab.run(_allocate_and_report, 10, nprocs=2, timeout=90)
+    assert all("can't allocate memory" in r for r in results), results
+
+
+@pytest.mark.slow
+def test_process_cap_holds_for_root_and_leaves_no_child_behind():
+    import psutil
+
+    with launch.rank_setup("distlab.limits", "apply", when="start", processes=4):
+        with pytest.raises(distlab.RankError, match="exited with code 125"):
+            distlab.run(_spawn_children, 20, nprocs=2, timeout=90)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "distlab-test-cap-child" in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers
+
+
+@pytest.mark.slow
+def test_output_and_wall_time_caps():
+    def shout():
+        print("x" * (32 * 2**20), flush=True)
+        return "printed"
+
+    def linger():
+        import time
+        time.sleep(60)
+
+    with launch.rank_setup("distlab.limits", "apply", when="start", output_mb=8):
+        with pytest.raises(distlab.RankError, match="File too large"):
+            distlab.run(shout, nprocs=2, timeout=90)
+    with launch.rank_setup("distlab.limits", "apply", when="start", wall_s=8):
+        with pytest.raises(distlab.RankError, match="exited with code 124"):
+            distlab.run(linger, nprocs=2, timeout=90)
+
+
+def test_rank_ids_check():
+    checks.assert_rank_ids([0, 1, 2])
+    with pytest.raises(checks.CheckFailed, match="plain int"):
+        checks.assert_rank_ids([torch.tensor(0)])
+    with pytest.raises(checks.CheckFailed, match="rank 1 returned 0"):
+        checks.assert_rank_ids([0, 0])
+
+
+def test_hidden_failure_messages_and_redaction():
+    from distlab.grade.cleanroom import GENERIC_HIDDEN_MESSAGE, TestNamespace, _run_test_cell, redact
+
+    source = 'x = 1\nassert x == 1, "visible"\n### BEGIN HIDDEN TESTS\nassert x == 2, "expected 2"\n### END HIDDEN TESTS'
+    verdict = _run_test_cell(TestNamespace(), "t", source, timeout=10)
+    assert not verdict["passed"]
+    assert GENERIC_HIDDEN_MESSAGE in repr(verdict["outputs"]) and "expected 2" not in repr(verdict["outputs"])
+    visible = _run_test_cell(TestNamespace(), "v", 'assert 1 == 2, "visible message"', timeout=10)
+    assert "visible message" in repr(visible["outputs"])
+    shown = redact("Traceback: reference = compute_secret(7)\n", ["    reference = compute_secret(7)"])
+    assert "compute_secret" not in shown and "[hidden test code]" in shown
