@@ -108,3 +108,20 @@ def test_summary_is_readable():
     log = distlab.run(every_collective, nprocs=2)[0]
     text = log.summary()
     assert "all_reduce" in text and "2" in text.splitlines()[2]
+
+
+def nested_records():
+    from distlab import comm
+
+    with comm.record() as outer:
+        with comm.record() as inner:
+            dist.all_reduce(torch.ones(4))
+        dist.barrier()
+        with comm.record() as second:  # equal to `inner` by content until it records
+            pass
+    return [c.op for c in outer], [c.op for c in inner], len(second)
+
+
+def test_nested_recorders_each_see_their_own_calls():
+    outer, inner, second = distlab.run(nested_records, nprocs=2)[0]
+    assert outer == ["all_reduce", "barrier"] and inner == ["all_reduce"] and second == 0
