@@ -32,6 +32,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import secrets
 import signal
 import sys
@@ -139,10 +140,25 @@ def _describe_failure(exc: BaseException, grade_id: str, source: str) -> str:
     hidden_source = [source.splitlines()[n - 1] for n in sorted(_hidden_lines(source))]
     name = type(exc).__name__
     message = str(exc)
+    from distlab.errors import RankError
+
+    if isinstance(exc, RankError):
+        message = _student_view(exc)
     if hidden and isinstance(exc, AssertionError) and not isinstance(exc, CheckFailed):
         message = GENERIC_HIDDEN_MESSAGE
     text = f"{name}: {message}" if message else name
     return redact(text, hidden_source)
+
+
+def _student_view(exc) -> str:
+    """A RankError's message with only the student's frames (``<cell N>``) left in its traceback."""
+    lines = [f"rank {exc.rank} raised {exc.exc_type}: {exc.remote_message}"]
+    frames = re.split(r"(?m)^(?=  File )", exc.remote_traceback or "")
+    mine = [f.rstrip() for f in frames if f.startswith('  File "<cell')]
+    if mine:
+        lines += ["", f"Traceback on rank {exc.rank} (your code):"] + mine
+    lines += [f"(rank {r} failed afterwards: {s})" for r, s in sorted(exc.others.items())]
+    return "\n".join(lines)
 
 
 def _run_test_cell(namespace: TestNamespace, grade_id: str, source: str, timeout: float) -> dict:

@@ -121,7 +121,8 @@ class CleanRoomTests(NbGraderPreprocessor):
             source = gb.find_notebook(info["notebook"], info["assignment"])
             trusted = [{"grade_id": c.name, "source": c.source} for c in source.source_cells
                        if c.locked and c.cell_type == "code"]
-            test_ids = {c.name for c in source.grade_cells if not c.name in {s.name for s in source.solution_cells}}
+            answers = {c.name for c in source.solution_cells}
+            test_ids = {c.name for c in source.grade_cells if c.name not in answers}
             tests = [{"grade_id": c.name, "source": c.source} for c in source.source_cells
                      if c.name in test_ids and c.cell_type == "code"]
         cells = [{"grade_id": cell.metadata.get("nbgrader", {}).get("grade_id"), "source": cell.source}
