@@ -173,7 +173,11 @@ def built_book() -> Path:
 def test_second_build_reuses_the_execution_cache(built_book):
     result, seconds = make_book()
     assert result.returncode == 0, result.stdout[-6000:]
-    assert "Executing notebook" not in result.stdout, "an unchanged page was executed again"
+    why = [line for line in result.stdout.splitlines()
+           if "[distlab]" in line or "updating environment" in line or "Executing" in line]
+    assert "Executing notebook" not in result.stdout, (
+        "an unchanged page was executed again (did someone edit src/distlab or a page during "
+        "the test?):\n" + "\n".join(why))
     assert seconds < 60, f"cached rebuild took {seconds:.0f} s"
 
 
