@@ -75,11 +75,31 @@ _COLLECTIVE_ALIASES = {
                           ("all_to_all_single",)),
     "gather": ("gather", ("c10d.gather_",), ()),
     "scatter": ("scatter", ("c10d.scatter_",), ()),
+    # torch 2.13's new names for the single-tensor versions, and the coalesced methods of the
+    # process group (a list of tensors in one call): other roads to the same collectives.
+    "all_gather_single": ("all_gather_single", (), ()),
+    "reduce_scatter_single": ("reduce_scatter_single", (), ()),
+    "all_gather_coalesced": ("allgather_coalesced", (), ()),
+    "all_gather_into_tensor_coalesced": ("allgather_into_tensor_coalesced", (), ()),
+    "all_gather_single_coalesced": ("all_gather_single_coalesced", (), ()),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor_coalesced", (), ()),
+    "reduce_scatter_single_coalesced": ("reduce_scatter_single_coalesced", (), ()),
     "send": ("send", ("c10d.send",), ()),
     "recv": ("recv", ("c10d.recv_",), ()),
     "isend": ("send", ("c10d.send",), ()),
     "irecv": ("recv", ("c10d.recv_",), ()),
     "barrier": ("barrier", ("c10d.barrier",), ()),
+}
+
+
+# Forbidding a collective forbids every other spelling of it too.
+_SAME_COLLECTIVE = {
+    "all_reduce": ("all_reduce_coalesced",),
+    "all_gather": ("all_gather_coalesced",),
+    "all_gather_into_tensor": ("all_gather_single", "all_gather_into_tensor_coalesced",
+                               "all_gather_single_coalesced"),
+    "reduce_scatter_tensor": ("reduce_scatter_single", "reduce_scatter_tensor_coalesced",
+                              "reduce_scatter_single_coalesced"),
 }
 
 
@@ -199,7 +219,8 @@ def forbid(*names: str) -> None:
     for name in names:
         short = name.removeprefix("torch.distributed.").removeprefix("dist.")
         if short in _COLLECTIVE_ALIASES:
-            _forbid_collective(short)
+            for op in (short,) + _SAME_COLLECTIVE.get(short, ()):
+                _forbid_collective(op)
             continue
         try:
             spec_found = importlib.util.find_spec(name) is not None

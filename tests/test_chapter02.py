@@ -1,0 +1,111 @@
+"""Chapter 2's exercise: the guard closes every road to a built-in collective, and wrong answers lose points."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distlab
+from grading_support import REPO, Course, fresh_dir, notebook_cells
+
+SLUG = "02-collectives"
+
+
+def try_every_road(forbidden):
+    from distlab.guard import forbid
+
+    forbid(*forbidden)
+    group = dist.distributed_c10d._get_default_group()
+    roads = {
+        "all_reduce": lambda: dist.all_reduce(torch.ones(2)),
+        "all_reduce_coalesced": lambda: dist.all_reduce_coalesced([torch.ones(2)]),
+        "reduce_scatter_single": lambda: dist.reduce_scatter_single(torch.empty(1), torch.ones(2)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(1), torch.ones(2)),
+        "all_gather_single": lambda: dist.all_gather_single(torch.empty(2), torch.ones(1)),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(2), torch.ones(1)),
+        "group.allreduce": lambda: group.allreduce([torch.ones(2)]).wait(),
+        "group.reduce_scatter_single": lambda: group.reduce_scatter_single(torch.empty(1), torch.ones(2)),
+        "group.all_gather_single": lambda: group.all_gather_single(torch.empty(2), torch.ones(1)),
+        "broadcast": lambda: dist.broadcast(torch.ones(2), src=0),
+    }
+    verdicts = {}
+    for name, call in roads.items():
+        try:
+            call()
+            verdicts[name] = "allowed"
+        except Exception as error:  # noqa: BLE001 - ForbiddenError is what we hope for
+            verdicts[name] = type(error).__name__
+    # Point-to-point stays allowed: it is what the exercise is built from.
+    peer = 1 - dist.get_rank()
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(1), peer),
+                                    dist.P2POp(dist.irecv, torch.empty(1), peer)])
+    for work in works:
+        work.wait()
+    verdicts["batch_isend_irecv"] = "allowed"
+    return verdicts
+
+
+def test_every_spelling_of_a_forbidden_collective_is_closed():
+    forbidden = json.loads((REPO / "solutions" / SLUG / f"{SLUG}.ipynb").read_text())["metadata"]["distlab"]["forbidden"]
+    for verdicts in distlab.run(try_every_road, forbidden, nprocs=2):
+        assert verdicts.pop("batch_isend_irecv") == "allowed"
+        assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
+
+
+def test_the_reference_solution_matches_the_book_and_the_exercise_uses_2_and_4_ranks():
+    sources = "\n".join(c.source for c in notebook_cells(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"))
+    assert "nprocs=2" in sources and "nprocs=4" in sources
+    assert "forbidden=FORBIDDEN" in sources
+
+
+NAIVE_ALL_REDUCE = '''
+def ring_all_reduce(tensor):
+    """Everything to rank 0 and back: right numbers, too many bytes from rank 0."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    total = tensor.clone()
+    if r == 0:
+        incoming = torch.empty_like(tensor)
+        for other in range(1, n):
+            dist.recv(incoming, src=other)
+            total += incoming
+        for other in range(1, n):
+            dist.send(total, dst=other)
+    else:
+        dist.send(tensor, dst=0)
+        dist.recv(total, src=0)
+    return total
+'''
+
+BUILTIN_REDUCE_SCATTER = '''
+def ring_reduce_scatter(tensor):
+    """Sneaks in the built-in under its new torch 2.13 name."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    padded = torch.zeros(n * -(-tensor.numel() // n), dtype=tensor.dtype)
+    padded[: tensor.numel()] = tensor
+    out = torch.empty(padded.numel() // n, dtype=tensor.dtype)
+    dist.reduce_scatter_single(out, padded)
+    return out[: len(torch.tensor_split(tensor, n)[r])]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_naive_all_reduce_and_a_disguised_builtin_score_zero(tmp_path):
+    from test_grading import _answers_from, _with_answers
+
+    course = Course(tmp_path / "work")
+    release = course.release(SLUG)
+    incoming = fresh_dir(tmp_path / "incoming")
+    answers = {**_answers_from(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"),
+               "task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE}
+    course.submit(incoming, "sneaky", _with_answers(release, answers), SLUG)
+    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
+    assert proc.returncode == 0, course.log
+    scores = course.scores(SLUG)["sneaky"]
+    assert scores["task1-tests"] == 0.0, "the built-in reduce-scatter was not caught"
+    assert scores["task3-tests"] == 0.0, "the naive all-reduce was not caught by the byte count"
+    assert scores["task2-tests"] == 2.0  # the honest task keeps its points
+    assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0
