@@ -65,6 +65,13 @@ class Course:
                 found[student.id] = {g.name: g.score for g in submission.grades}
         return found
 
+    def max_scores(self, slug: str = SLUG) -> dict:
+        """``{test grade id: points}`` of the assignment, from the gradebook."""
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{self.work / 'gradebook.db'}") as gb:
+            return {c.name: c.max_score for c in gb.find_notebook(slug, slug).grade_cells}
+
     def table(self, name: str) -> list:
         with sqlite3.connect(self.work / "gradebook.db") as db:
             return db.execute(f"select * from {name} order by 1").fetchall()

@@ -63,6 +63,11 @@ def test_tensor_close_message_names_the_error_and_tolerance_but_not_the_referenc
     with pytest.raises(checks.CheckFailed, match="NaN"):
         checks.assert_tensor_close(expected * float("nan"), expected)
     checks.assert_tensor_close(expected * (1 + 1e-7), expected)  # reordering-sized error passes
+    # a sum that cancels: judge the error against the terms' size, not the tiny result
+    terms = torch.tensor([0.3, -0.2, -0.093])
+    with pytest.raises(checks.CheckFailed):
+        checks.assert_tensor_close(terms.sum() + 3e-8, terms.sum())
+    checks.assert_tensor_close(terms.sum() + 3e-8, terms.sum(), scale=0.3 * 3)
 
 
 def test_gradient_check_names_parameter_and_rank():

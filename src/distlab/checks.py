@@ -18,7 +18,9 @@ identical run to run at a fixed world size. Hence:
 * :data:`VALUE_RTOL`, :data:`VALUE_ATOL_SCALE` for reduced values (a mean over ranks):
   ``atol = 1e-6 * max|reference|``: with 4 ranks the bound above is ``3 * 6e-8 ≈ 2e-7``
   relative, so the tolerance leaves a 5x margin, while any real bug (a sum instead of a
-  mean, a missing rank) is off by tens of percent.
+  mean, a missing rank) is off by tens of percent. The bound scales with the *terms*, not
+  the result: where a sum can cancel (random inputs of both signs), pass ``scale=`` the
+  size of the terms to :func:`assert_tensor_close`, or a near-zero result fails spuriously.
 * :data:`GRAD_RTOL`, :data:`GRAD_ATOL_SCALE` for gradients: ``atol = 1e-5 * max|reference|``,
   about 1000x the measured ``1e-8``: generous for reordering, still 1000x tighter than the
   error of forgetting to average one parameter or dividing by the wrong world size.
@@ -119,11 +121,16 @@ def _as_tensor(value, name):
 
 
 def assert_tensor_close(actual, expected, name: str = "the result", rtol: float = VALUE_RTOL,
-                        atol: float | None = None, atol_scale: float = VALUE_ATOL_SCALE) -> None:
+                        atol: float | None = None, atol_scale: float = VALUE_ATOL_SCALE,
+                        scale: float | None = None) -> None:
     """``actual`` has ``expected``'s shape and dtype and is within tolerance of it.
 
-    ``atol`` defaults to ``atol_scale * max|expected|`` (see the module docstring). The
-    message names the worst element, its absolute and relative error and the tolerance.
+    ``atol`` defaults to ``atol_scale * max(max|expected|, scale)``. Pass ``scale`` (the largest
+    ``|term|`` that was added up, e.g. ``max |input|`` times the number of ranks) whenever
+    the result is a sum that can cancel: the rounding error of a sum scales with its terms,
+    not with its result (a sum of ``±0.3`` terms that comes to ``0.007`` still carries errors of
+    order ``eps * 0.3``). The message names the worst element, its absolute and relative error
+    and the tolerance.
     """
     import torch
 
@@ -133,8 +140,8 @@ def assert_tensor_close(actual, expected, name: str = "the result", rtol: float 
     if actual.dtype != expected.dtype:
         raise CheckFailed(f"{name} has dtype {actual.dtype}, expected {expected.dtype}")
     if atol is None:
-        scale = expected.abs().max().item() if expected.numel() else 0.0
-        atol = atol_scale * max(scale, 1e-12)
+        largest = expected.abs().max().item() if expected.numel() else 0.0
+        atol = atol_scale * max(largest, scale or 0.0, 1e-12)
     a, e = actual.detach().double(), expected.detach().double()
     if not torch.isfinite(a).all():
         bad = (~torch.isfinite(a)).nonzero()[0].tolist()

@@ -83,15 +83,17 @@ class KernelExecute(Execute):
             return cell, resources
         try:
             return super().preprocess_cell(cell, resources, index)
-        except DeadKernelError as exc:
-            # The student's code killed its kernel (os._exit, SIGKILL, the memory cap...). The
-            # cells after it cannot run there; the tests never did, the clean room runs them.
+        except Exception as exc:  # noqa: BLE001
+            # The student's code killed or wrecked its kernel (os._exit, SIGKILL, the memory
+            # cap, builtins replaced so the kernel cannot even reply...). The cells after it
+            # cannot run there; the tests never did: the clean room runs them.
             self._kernel_died = True
-            self.log.warning("The kernel died in cell %d: %s", index, exc)
-            cell.outputs = [NotebookNode({"output_type": "error", "ename": "DeadKernelError",
-                                          "evalue": "the kernel died while running this cell",
-                                          "traceback": ["DeadKernelError: the kernel died while running this "
-                                                        "cell; the cells after it were not run in the kernel"]})]
+            what = "died" if isinstance(exc, DeadKernelError) else f"stopped responding ({type(exc).__name__})"
+            self.log.warning("The kernel %s in cell %d: %s", what, index, exc)
+            cell.outputs = [NotebookNode({"output_type": "error", "ename": type(exc).__name__,
+                                          "evalue": f"the kernel {what} while running this cell",
+                                          "traceback": [f"{type(exc).__name__}: the kernel {what} while running "
+                                                        "this cell; the cells after it were not run in the kernel"]})]
             return cell, resources
 
 
