@@ -1,0 +1,93 @@
+"""Chapter 1's exercise: the forbidden built-ins are closed, and plausible wrong answers lose their points.
+
+The gates every assignment passes (release equals notebooks/, the solution scores full marks,
+the blank release zero, within the time bound) are in tests/test_grading.py, parametrized
+over every folder of solutions/, this one included.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import distlab
+from grading_support import REPO, Course, fresh_dir, notebook_cells
+
+SLUG = "01-data-loading"
+
+
+def try_the_forbidden(forbidden):
+    from distlab.guard import forbid
+
+    forbid(*forbidden)
+    verdicts = {}
+    try:
+        import torch.utils.data
+
+        torch.utils.data.DistributedSampler(range(10), 2, 0)
+        verdicts["torch.utils.data.DistributedSampler"] = "allowed"
+    except Exception as error:  # noqa: BLE001 - ForbiddenError is what we hope for
+        verdicts["torch.utils.data.DistributedSampler"] = type(error).__name__
+    try:
+        from distlab.data import sharding
+
+        sharding.DistributedSampler(10, 2, 0)
+        verdicts["distlab.data.sharding"] = "allowed"
+    except Exception as error:  # noqa: BLE001
+        verdicts["distlab.data.sharding"] = type(error).__name__
+    return verdicts
+
+
+def test_the_reference_sampler_and_torchs_are_closed_on_graded_ranks():
+    forbidden = json.loads((REPO / "solutions" / SLUG / f"{SLUG}.ipynb").read_text())["metadata"]["distlab"]["forbidden"]
+    for verdicts in distlab.run(try_the_forbidden, forbidden, nprocs=2):
+        assert verdicts == {"torch.utils.data.DistributedSampler": "ForbiddenError",
+                            "distlab.data.sharding": "ForbiddenError"}, verdicts
+
+
+def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
+    cells = notebook_cells(REPO / "solutions" / SLUG / f"{SLUG}.ipynb")
+    tests = [c.source for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert len(tests) >= 5 and all("BEGIN HIDDEN TESTS" in t for t in tests)
+    coding = [t for t in tests if "on_ranks" in t or "step_on_ranks" in t]
+    assert len(coding) >= 2 and all("n=2" in t and "n=4" in t for t in coding)
+
+
+NO_PADDING = '''
+def shard_indices(num_samples, epoch, seed, shuffle, drop_last, rank, world_size):
+    """Forgets the padding rule: right whenever the size divides, wrong otherwise."""
+    if shuffle:
+        order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    else:
+        order = list(range(num_samples))
+    return order[rank::world_size]
+'''
+
+STRIDED_SLICES = '''
+def batch_sampler_shard(num_samples, global_batch_size, epoch, seed, rank, world_size):
+    """Every world_size-th index instead of a contiguous slice: disjoint, complete, but not the asked slices."""
+    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch))
+    steps = num_samples // global_batch_size
+    batches = order[: steps * global_batch_size].view(steps, global_batch_size)
+    return [batch[rank::world_size].tolist() for batch in batches]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_sampler_without_padding_and_strided_slices_score_zero(tmp_path):
+    from test_grading import _answers_from, _with_answers
+
+    course = Course(tmp_path / "work")
+    release = course.release(SLUG)
+    incoming = fresh_dir(tmp_path / "incoming")
+    answers = {**_answers_from(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"),
+               "task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES}
+    course.submit(incoming, "wrong", _with_answers(release, answers), SLUG)
+    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
+    assert proc.returncode == 0, course.log
+    scores = course.scores(SLUG)["wrong"]
+    assert scores["task1-tests"] == 0.0, "a sampler without padding was not caught"
+    assert scores["task2-tests"] == 0.0, "strided slices were not caught"
+    assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0
