@@ -121,17 +121,21 @@ def unflatten_into_gradients(flat: torch.Tensor, bucket, keep_none: set | None =
             param.grad.copy_(piece)
 
 
-def bucketed_average(model: torch.nn.Module, bucket_mb: float = 25.0, buckets=None) -> int:
+def bucketed_average(model: torch.nn.Module, bucket_mb: float = 25.0, buckets=None, tracer=None) -> int:
     """Average gradients over ranks with one ``all_reduce`` per bucket; returns the bucket count.
 
-    Runs after backward, so nothing overlaps yet: compute, then communicate.
+    Runs after backward, so nothing overlaps yet: compute, then communicate. ``tracer``
+    (optional) gets one "comm" event per bucket.
     """
     world = dist.get_world_size()
     buckets = buckets if buckets is not None else plan_buckets(model.parameters(), bucket_mb)
-    for bucket in buckets:
+    for index, bucket in enumerate(buckets):
         unused = {id(p) for p in bucket if p.grad is None}
         flat = flatten_gradients(bucket)
+        start = time.perf_counter()
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if tracer is not None:
+            tracer.add(f"all-reduce bucket {index}", start, time.perf_counter(), lane="comm", kind="comm")
         flat /= world
         unflatten_into_gradients(flat, bucket, keep_none=unused)
     return len(buckets)
