@@ -1,0 +1,150 @@
+"""Chapter 3's exercise: the reference is fully switched off, and plausible wrong answers lose points.
+
+The general gates (release equals notebooks/, solution full marks, blank release zero, time
+bound) run for every assignment in tests/test_grading.py; here are the chapter's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+import distlab
+from grading_support import REPO, Course, fresh_dir, notebook_cells
+
+SLUG = "03-ddp"
+SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
+
+
+def forbidden_list() -> list[str]:
+    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
+
+
+def test_every_public_function_of_distlab_ddp_and_torch_ddp_are_forbidden():
+    from distlab import ddp
+
+    public = {name for name, obj in vars(ddp).items()
+              if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
+              and obj.__module__ == "distlab.ddp"}
+    forbidden = set(forbidden_list())
+    assert "torch.nn.parallel.DistributedDataParallel" in forbidden
+    missing = {name for name in public if f"distlab.ddp.{name}" not in forbidden}
+    assert not missing, f"add to the exercise's forbidden list: {sorted(missing)}"
+    setup = next(c.source for c in notebook_cells(SOLUTION) if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+    assert "FORBIDDEN" in setup and all(name in setup for name in public)
+
+
+def try_forbidden(forbidden):
+    import torch
+
+    from distlab.guard import forbid
+
+    forbid(*forbidden)
+    verdicts = {}
+    for name, call in {
+        "torch DDP": lambda: torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)),
+        "distlab.ddp.OverlappedDDP": lambda: __import__("distlab.ddp").ddp.OverlappedDDP(torch.nn.Linear(2, 2)),
+        "distlab.ddp.average_gradients": lambda: __import__("distlab.ddp").ddp.average_gradients(torch.nn.Linear(2, 2)),
+    }.items():
+        try:
+            call()
+            verdicts[name] = "allowed"
+        except Exception as error:  # noqa: BLE001 - ForbiddenError is what we hope for
+            verdicts[name] = type(error).__name__
+    # and an optimizer still works (creating one imports torch._dynamo, which inspects modules)
+    model = torch.nn.Linear(2, 2)
+    torch.optim.AdamW(model.parameters()).step()
+    return verdicts
+
+
+def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
+    for verdicts in distlab.run(try_forbidden, forbidden_list(), nprocs=2):
+        assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
+
+
+def test_the_exercise_runs_on_2_and_4_ranks_with_the_awkward_model_hidden():
+    cells = {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
+             if c.metadata.get("nbgrader", {}).get("grade_id")}
+    for task in ("task1-tests", "task2-tests", "task3-tests"):
+        visible, hidden = cells[task].split("### BEGIN HIDDEN TESTS")
+        assert "nprocs=2" in visible and "nprocs=4" in hidden, task
+        assert '("awkward",' in hidden and '("awkward",' not in visible, task
+
+
+NO_BROADCAST = '''
+def broadcast_parameters(model):
+    pass  # forgot: ranks keep their own random weights
+
+
+def ddp_step(model, optimizer, batch, loss_fn):
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model, batch)
+    loss.backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+    optimizer.step()
+    return loss.item()
+'''
+
+BLOCKING_AFTER_BACKWARD = '''
+class OverlappedDDP:
+    """Right numbers, but nothing overlaps: everything is reduced in finish(), blocking."""
+
+    def __init__(self, model, bucket_mb):
+        for t in model.parameters():              # its own broadcast: only the overlap is wrong
+            dist.broadcast(t.data, src=0)
+        self.buckets = plan_buckets(model.parameters(), bucket_mb)
+
+    def finish(self):
+        for bucket in self.buckets:
+            missing = {id(p) for p in bucket if p.grad is None}
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+            dist.all_reduce(flat)
+            flat /= dist.get_world_size()
+            offset = 0
+            for p in bucket:
+                piece = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+                p.grad = None if id(p) in missing else piece.clone()
+'''
+
+SYNC_EVERY_MICRO_STEP = '''
+def accumulation_step(model, optimizer, micro_batches, loss_fn):
+    """Right gradients, k times the traffic: averages after every micro-batch."""
+    optimizer.zero_grad(set_to_none=True)
+    k = len(micro_batches)
+    for micro in micro_batches:
+        before = {id(p): None if p.grad is None else p.grad.clone() for p in model.parameters()}
+        (loss_fn(model, micro) / k).backward()
+        for p in model.parameters():
+            if p.grad is not None:
+                new = p.grad - (before[id(p)] if before[id(p)] is not None else 0)
+                dist.all_reduce(new)
+                new /= dist.get_world_size()
+                p.grad.copy_(new + (before[id(p)] if before[id(p)] is not None else 0))
+    optimizer.step()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
+    from test_grading import _answers_from, _with_answers
+
+    course = Course(tmp_path / "work")
+    release = course.release(SLUG)
+    incoming = fresh_dir(tmp_path / "incoming")
+    answers = {**_answers_from(SOLUTION), "task1-answer": NO_BROADCAST,
+               "task2-answer": BLOCKING_AFTER_BACKWARD, "task3-answer": SYNC_EVERY_MICRO_STEP}
+    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
+    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
+    assert proc.returncode == 0, course.log
+    scores = course.scores(SLUG)["plausible"]
+    assert scores["task1-tests"] == 0.0, "a missing broadcast was not caught"
+    assert scores["task2-tests"] == 0.0, "all-reduces after backward (no overlap) were not caught"
+    assert scores["task3-tests"] == 0.0, "communicating on every micro-step was not caught"
+    assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0
