@@ -87,9 +87,10 @@ def test_cost_model_and_fit():
     assert collectives.predicted_time("ring", 64, 1e9, alpha, beta) < collectives.predicted_time("tree", 64, 1e9, alpha, beta)
     assert collectives.predicted_time("tree", 64, 8, alpha, beta) < collectives.predicted_time("ring", 64, 8, alpha, beta)
     sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
-    times = [collectives.predicted_time("ring", 4, s, alpha, beta) for s in sizes]
-    fitted = collectives.fit_alpha_beta(sizes, times, 4)
-    assert fitted == pytest.approx((alpha, beta), rel=1e-6)
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        times = [collectives.ring_time(op, 4, s, alpha, beta) for s in sizes]
+        assert collectives.fit_alpha_beta(op, 4, sizes, times) == pytest.approx((alpha, beta), rel=1e-6)
+    assert collectives.ring_time("all_gather", 4, 1e6, alpha, beta) == pytest.approx(3 * alpha + 0.75e6 * beta)
     assert collectives.bus_bandwidth("all_reduce", 4, 1e9, 1.0) == pytest.approx(1.5e9)
     with pytest.raises(ValueError):
         collectives.predicted_time("star", 4, 1, 1, 1)
