@@ -343,7 +343,14 @@ def test_every_page_loads_cleanly_with_working_images_and_links(built_book, site
         problems += [f"{name}: loads {url} from outside the site" for url in page.requests
                      if not url.startswith((site, "data:", "blob:", "about:"))]
         links |= set(browser.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.href)"))
-        images |= set(browser.evaluate("[...document.images].map(i => i.currentSrc || i.src)"))
+        sources = browser.evaluate("[...document.images].map(i => i.currentSrc || i.src)")
+        images |= {url for url in sources if not url.startswith(("blob:", "data:"))}
+        # Images made in the page (a widget's blob: or data: picture) cannot be fetched again:
+        # ask the browser whether they decoded.
+        undecoded = browser.evaluate("[...document.images].filter(i => /^(blob|data):/.test(i.src)"
+                                     " && i.complete && i.naturalWidth === 0).length")
+        if undecoded:
+            problems.append(f"{name}: {undecoded} in-page image(s) did not decode")
     origin = site[: site.index("/", len("http://"))]
     for url in sorted(links):
         if not url.startswith(origin):

@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import re
+import sys
 
 import pytest
 import torch
@@ -167,8 +168,20 @@ def _try_everything():
             outcome[what] = "ran"
         except Exception as exc:  # noqa: BLE001
             outcome[what] = f"{type(exc).__name__}: {exc}"
-    dist.broadcast(t, 0)  # what is not forbidden still works
+    attempts_on_path = {"forbidden module's file": lambda: __import__("distlab.collectives", fromlist=["x"]).__file__}
+    for what, attempt in attempts_on_path.items():
+        try:
+            outcome[what] = f"ran: {attempt()}"
+        except AttributeError as exc:
+            outcome[what] = f"{type(exc).__name__}: {exc}"
+    # Library code that only probes a forbidden module (inspect does, under torch's optimizers)
+    # sees "no such attribute" and goes on: what is not forbidden still works.
+    dist.broadcast(t, 0)
+    layer = torch.nn.Linear(2, 1)
+    layer(torch.ones(1, 2)).sum().backward()
+    torch.optim.Adam(layer.parameters()).step()
     outcome["broadcast"] = "ran"
+    outcome["probe"] = hasattr(sys.modules["distlab.collectives"], "__file__")
     return outcome
 
 
@@ -178,6 +191,7 @@ def test_guard_forbids_apis_and_their_bypasses_files_processes_and_signals():
                            max_spawns=0, forbidden=["torch.distributed.all_reduce", "distlab.collectives"]):
         outcome = distlab.run(_try_everything, nprocs=2, timeout=90)[1]
     assert outcome.pop("broadcast") == "ran"
+    assert outcome.pop("probe") is False
     for what, result in outcome.items():
         assert "not allowed in this exercise" in result, f"{what}: {result}"
 

@@ -71,3 +71,17 @@ def test_reference_training_lowers_the_loss():
     batch = models.example_batch("mlp", batch_size=16)
     losses = models.reference_training(model, [batch] * 20, lr=0.1)
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_loss_fn_sees_through_a_wrapper():
+    class Wrapper(torch.nn.Module):  # what torch's DDP looks like from outside: the model in .module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args):
+            return self.module(*args)
+
+    model = models.build("gpt", seed=0)
+    batch = models.example_batch("gpt", batch_size=2)
+    assert models.loss_fn(Wrapper(Wrapper(model)), batch).item() == pytest.approx(models.loss_fn(model, batch).item())

@@ -50,6 +50,15 @@ class ForbiddenError(RuntimeError):
     """Raised when the student's code calls something the exercise forbids."""
 
 
+class ForbiddenAttributeError(ForbiddenError, AttributeError):
+    """A forbidden module's special attribute (``__file__``, ``__path__``, ...) was asked for.
+
+    It is also an ``AttributeError`` so that library code that merely *probes* modules, such as
+    ``hasattr(module, "__file__")`` in :mod:`inspect` (which torch's optimizers reach), sees "no
+    such attribute" and goes on, while a student who asks for the path still reads why not.
+    """
+
+
 # -- forbidden APIs ----------------------------------------------------------------------------
 
 # For each torch.distributed collective: (ProcessGroup method, dispatcher ops, functional twins).
@@ -128,9 +137,10 @@ class ForbiddenModule(types.ModuleType):
         object.__setattr__(self, "_forbidden_name", name)
 
     def __getattr__(self, attr):
-        if attr.startswith("__") and attr.endswith("__") and attr not in ("__spec__", "__loader__", "__path__", "__file__"):
-            raise AttributeError(attr)
-        raise ForbiddenError(f"{object.__getattribute__(self, '_forbidden_name')} {NOT_ALLOWED}")
+        message = f"{object.__getattribute__(self, '_forbidden_name')} {NOT_ALLOWED}"
+        if attr.startswith("__") and attr.endswith("__"):
+            raise ForbiddenAttributeError(message)
+        raise ForbiddenError(message)
 
 
 _forbidden_files: set[str] = set()

@@ -110,10 +110,17 @@ def build(kind: str = "gpt", seed: int = 0, **config) -> nn.Module:
 
 
 def loss_fn(model: nn.Module, batch) -> torch.Tensor:
-    """Mean loss over the batch: next-byte cross-entropy for TinyGPT, MSE for TinyMLP."""
+    """Mean loss over the batch: next-byte cross-entropy for TinyGPT, MSE for TinyMLP.
+
+    ``model`` may be wrapped (torch's DDP, or any wrapper that keeps the model in ``.module``):
+    the kind of loss is decided by the model inside.
+    """
     inputs, targets = batch
     out = model(inputs)
-    if isinstance(model, TinyGPT):
+    inner = model
+    while isinstance(getattr(inner, "module", None), nn.Module):
+        inner = inner.module
+    if isinstance(inner, TinyGPT):
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
     return F.mse_loss(out, targets)
 
