@@ -234,3 +234,30 @@ def human(nbytes: float) -> str:
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
         nbytes /= 1024
     return str(nbytes)
+
+
+# -- activation checkpointing -------------------------------------------------------------------
+
+class Checkpointed(torch.nn.Module):
+    """``module`` run without keeping its inner activations: backward recomputes them.
+
+    Only the block's input is saved; in backward the block's forward runs again (under
+    autograd this time) right before its gradients are needed. About one extra forward per
+    block, for activation memory that no longer grows with the number of layers inside it.
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.module, *args, use_reentrant=False)
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap each of ``model.blocks`` (a TinyGPT's transformer blocks) in :class:`Checkpointed`, in place."""
+    for index, block in enumerate(model.blocks):
+        model.blocks[index] = Checkpointed(block)
+    return model
