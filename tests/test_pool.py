@@ -57,6 +57,12 @@ def test_output_is_streamed_per_call(pool4, capsys):
 
 
 def patch_things():
+    import builtins
+
+    import distlab.models
+
+    builtins.sum = lambda *args: -1                     # what a reference computed later would use
+    distlab.models.loss_fn = lambda *args: torch.tensor(0.0)
     dist.all_reduce = lambda *args, **kwargs: None
     torch.allclose = lambda *args, **kwargs: True
     torch.Tensor.sum = lambda self, *a, **k: torch.tensor(-1.0)
@@ -66,16 +72,20 @@ def patch_things():
 
 
 def observe_things():
+    import distlab.models
+
     t = torch.ones(1)
     dist.all_reduce(t)
+    loss = distlab.models.loss_fn(distlab.models.build("mlp"), distlab.models.example_batch("mlp")).item()
     return (t.item(), torch.allclose(torch.zeros(1), torch.ones(1)), torch.ones(3).sum().item(),
-            torch.is_grad_enabled(), torch.rand(1).item())
+            torch.is_grad_enabled(), torch.rand(1).item(), sum([1, 2]), loss)
 
 
 def test_a_call_cannot_change_the_next_calls_result(pool4):
     rand_in_patcher = pool4.run(patch_things)[0]
-    for world_sum, close, total, grad, rand in pool4.run(observe_things):
-        assert (world_sum, close, total, grad) == (4.0, False, 3.0, True)
+    for world_sum, close, total, grad, rand, builtin_sum, loss in pool4.run(observe_things):
+        assert (world_sum, close, total, grad, builtin_sum) == (4.0, False, 3.0, True, 3)
+        assert loss > 0.0  # distlab's own functions are put back too
         assert rand == rand_in_patcher  # re-seeded: both calls drew from seed 0
 
 
@@ -143,6 +153,24 @@ def test_rank_setup_steps_apply_per_call_and_are_undone(pool4):
     with rank_setup("os", "getpid", when="start"):  # "start" steps need fresh processes
         fresh = distlab.run(pid_and_sum, 0, nprocs=4)
     assert pids.isdisjoint(p for p, _ in fresh)
+
+
+def test_a_pool_with_start_steps_serves_only_runs_that_ask_for_exactly_those():
+    import setup_steps_for_tests as steps
+
+    start = {"module": "setup_steps_for_tests", "function": "mark", "when": "start", "kwargs": {"value": "capped"}}
+    with distlab.Pool(nprocs=2, start_setup=[start]) as pool:
+        assert pool.run(steps.read_mark) == ["capped"] * 2  # ran once as the ranks started
+        pids = {p for p, _ in pool.run(pid_and_sum, 0)}
+        with rank_setup("setup_steps_for_tests", "mark", when="start", value="capped"):
+            warm = distlab.run(pid_and_sum, 0, nprocs=2)
+        with rank_setup("setup_steps_for_tests", "mark", when="start", value="other"):
+            cold = distlab.run(pid_and_sum, 0, nprocs=2)
+        cold_plain = distlab.run(pid_and_sum, 0, nprocs=2, threads=1)  # other settings: fresh too
+    assert {p for p, _ in warm} == pids
+    assert pids.isdisjoint(p for p, _ in cold) and pids.isdisjoint(p for p, _ in cold_plain)
+    with pytest.raises(ValueError, match="when='start'"):
+        distlab.Pool(nprocs=2, start_setup=[dict(start, when="call")])
 
 
 def test_bad_pool_arguments_fail_before_starting():

@@ -232,6 +232,9 @@ def forbid(*names: str) -> None:
             for op in (short,) + _SAME_COLLECTIVE.get(short, ()):
                 _forbid_collective(op)
             continue
+        if isinstance(sys.modules.get(name), ForbiddenModule):  # again, on a warm rank
+            _forbid_module(name)
+            continue
         try:
             spec_found = importlib.util.find_spec(name) is not None
         except (ImportError, ValueError, AttributeError):

@@ -10,11 +10,16 @@ changes in a module stays changed. Between calls each rank therefore
 
 and before each call it re-seeds ``random``, ``torch`` and ``numpy`` (see the worker).
 
+The watched modules are the ones below, ``builtins``, and every ``distlab`` module: so a call
+that replaces ``builtins.sum`` or ``distlab.models.reference_gradients`` cannot change what a
+later call computes with them.
+
 What persists, by design: the process group (that is the point of a pool), imported modules,
 CUDA/NCCL state, new attributes a call *added* to a module (importing ``torch.distributed.tensor``
 adds one, and removing it would break later imports), subgroups created with ``new_group``,
-files written to disk, and any module not listed here. The grader therefore runs every
-submission in fresh processes, not in a pool.
+files written to disk, and any module not watched. The grader runs one student's tests on one
+pool per notebook (:mod:`distlab.grade.cleanroom`): whatever else persists there was done by
+that student's own code, on ranks the grader never trusts for a verdict.
 """
 
 from __future__ import annotations
@@ -22,17 +27,35 @@ from __future__ import annotations
 import sys
 
 WATCHED_MODULES = (
-    "torch", "torch.distributed", "torch.distributed.distributed_c10d", "torch.nn",
+    "builtins", "torch", "torch.distributed", "torch.distributed.distributed_c10d", "torch.nn",
     "torch.nn.functional", "torch.autograd", "torch.optim", "torch.testing", "numpy", "numpy.testing",
 )
 
 
+PRELOADED = ("distlab.checks", "distlab.collectives", "distlab.comm", "distlab.ddp", "distlab.memory",
+             "distlab.models", "distlab.trace", "distlab.zero", "distlab.grade.safeload", "distlab.grade.sandbox")
+"""distlab modules a pool's ranks import before their first call. A module first imported
+*during* a call has no earlier state to go back to, so what that call did to it would stay;
+imported beforehand, it is watched like the others."""
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+
+
 def _targets():
+    import types
+
     import torch
 
-    for name in WATCHED_MODULES:
-        if name in sys.modules:
-            yield name, sys.modules[name]
+    names = list(WATCHED_MODULES) + sorted(n for n in sys.modules if n == "distlab" or n.startswith("distlab."))
+    for name in names:
+        module = sys.modules.get(name)
+        if isinstance(module, types.ModuleType) and not type(module).__name__.startswith("Forbidden"):
+            yield name, module
     yield "torch.Tensor", torch.Tensor
     yield "torch.nn.Module", torch.nn.Module
 

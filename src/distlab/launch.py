@@ -126,7 +126,7 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
     from distlab.pool import active_pool
 
     pool = active_pool(nprocs, backend, threads, launcher)
-    if pool is not None and not any(step["when"] == "start" for step in current_rank_setup()):
+    if pool is not None:
         return pool.run(fn, *args, timeout=timeout, seed=seed, **kwargs)
     check_arguments(fn, nprocs, timeout, backend, threads)
     job_class = choose_launcher(launcher)

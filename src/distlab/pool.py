@@ -16,7 +16,7 @@ halfway cannot be trusted. The next call starts fresh ranks by itself and says s
 
 Between calls, each rank puts back what :mod:`distlab.isolation` lists (patched torch
 functions, torch settings) and re-seeds its random generators; modules stay imported and
-the process group stays up. The grader uses fresh processes instead (:func:`fresh_processes`).
+the process group stays up. The grader keeps one pool per notebook it grades.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from distlab import launch, serialize
@@ -46,9 +47,16 @@ class Pool:
     """N ranks started once and reused by every :meth:`run` until :meth:`stop`."""
 
     def __init__(self, nprocs: int = 2, backend: str | None = None, threads: int | None = None,
-                 launcher: str = "auto"):
+                 launcher: str = "auto", start_setup: list[dict] | None = None):
+        """``start_setup``: :func:`distlab.launch.rank_setup` steps with ``when="start"`` that the
+        ranks run once, as they start (the grader's resource caps). :func:`distlab.run` inside
+        ``rank_setup`` blocks uses this pool only if their start steps are exactly these."""
         launch.check_arguments(print, nprocs, 1.0, backend, threads)
         self.nprocs, self.backend, self.threads, self.launcher = nprocs, backend, threads, launcher
+        self.start_setup = list(start_setup or [])
+        if any(step.get("when") != "start" for step in self.start_setup):
+            raise ValueError("a pool's start_setup holds only steps with when='start'")
+        self.started_at: float | None = None
         self.job = None
         self.run_dir: Path | None = None
         self.calls = 0
@@ -62,9 +70,11 @@ class Pool:
         if self.job is not None:
             return self
         self.run_dir = Path(tempfile.mkdtemp(prefix="distlab-pool-"))
-        options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": 0, "setup": []}
+        options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": 0,
+                   "setup": self.start_setup}
         (self.run_dir / files.OPTIONS).write_text(json.dumps(options))
         self.calls = 0
+        self.started_at = time.monotonic()
         try:
             job_class = launch.choose_launcher(self.launcher)
             self.job = job_class(self.run_dir, self.nprocs, START_TIMEOUT, self.backend, self.threads, pool=True)
@@ -126,7 +136,7 @@ class Pool:
         self.calls += 1
         (call_dir / files.PAYLOAD).write_bytes(blob)
         options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": seed,
-                   "setup": launch.current_rank_setup()}
+                   "setup": [step for step in launch.current_rank_setup() if step["when"] == "call"]}
         files.write_atomically(call_dir / files.OPTIONS, json.dumps(options).encode())  # last: "go"
         try:
             results = self.job.wait(call_dir, timeout)
@@ -144,13 +154,19 @@ class Pool:
 
 
 def active_pool(nprocs: int, backend, threads, launcher: str) -> Pool | None:
-    """The active pool that can serve a :func:`distlab.run` with these settings, if any."""
+    """The active pool that can serve a :func:`distlab.run` with these settings, if any.
+
+    Settings include the start-time steps of the enclosing ``rank_setup`` blocks: ranks that
+    started without the grader's caps never serve a run that asks for them.
+    """
     if _no_pools.get():
         return None
     pool = _active.get(nprocs)
     if pool is None or pool.backend != backend or pool.launcher != launcher:
         return None
     if threads != pool.threads:
+        return None
+    if [step for step in launch.current_rank_setup() if step["when"] == "start"] != pool.start_setup:
         return None
     return pool
 

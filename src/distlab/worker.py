@@ -186,6 +186,10 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001
         _report_exception(run_dir, rank, exc)
         _leave(dist, ok=False)
+    if pool:
+        from distlab import isolation
+
+        isolation.preload()
     ok = _serve_calls(run_dir, rank) if pool else _run_call(run_dir, run_dir, rank)
     _leave(dist, ok)
 

@@ -12,7 +12,8 @@ gradebook, the instructor's locked cells and test cells. For every test cell, in
    one-rank run as plain data. Builtins and the instructor's names cannot be shadowed.
 3. Every ``distlab.run`` goes through :func:`distlab.grade.sandbox.encoded_call` under the
    instructor's resource caps and the guard, and its results are read back with the
-   data-only loader (:mod:`distlab.grade.safeload`).
+   data-only loader (:mod:`distlab.grade.safeload`). The ranks stay warm between the runs of
+   one notebook (:class:`WarmRanks`); a failed run gets new ones.
 4. The verdict (passed or not) and the cell's output, made safe to show, are recorded.
 
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
@@ -75,6 +76,7 @@ class TestNamespace(dict):
         super().__init__(__name__="__distlab_test__", __builtins__=builtins)
         self.student_cells: list[str] = []
         self._values: dict[str, dict] = {}
+        self.values_nprocs = lambda: 1  # how many ranks the values run takes (a warm size is free)
 
     def __missing__(self, name):
         if hasattr(builtins, name) or name.startswith("__"):
@@ -101,7 +103,7 @@ class TestNamespace(dict):
             import distlab
             from distlab.grade import sandbox
 
-            self._values[key] = distlab.run(sandbox.fetch_values, cells, nprocs=1, timeout=60)[0]
+            self._values[key] = distlab.run(sandbox.fetch_values, cells, nprocs=self.values_nprocs(), timeout=60)[0]
         return self._values[key]
 
 
@@ -193,6 +195,39 @@ def _run_test_cell(namespace: TestNamespace, grade_id: str, source: str, timeout
     return {"passed": error is None, "outputs": outputs}
 
 
+class WarmRanks:
+    """One warm :class:`distlab.Pool` per world size, for the tests of one notebook.
+
+    A cold run pays ~5 s of starting ranks; a notebook's tests make a dozen runs. The pools
+    start with the instructor's caps (``start_steps``) and each call still runs under the
+    guard. Between calls the ranks put back what :mod:`distlab.isolation` watches; a call
+    that fails or times out ends its pool, and the next call gets new ranks. A pool older
+    than half the ranks' wall-clock cap is replaced before it could run into that cap.
+    """
+
+    def __init__(self, start_steps: list[dict], max_age_s: float):
+        self.start_steps, self.max_age_s = start_steps, max_age_s
+        self.pools: dict = {}
+
+    def ready(self, nprocs: int) -> None:
+        from distlab.pool import Pool
+
+        pool = self.pools.get(nprocs)
+        if pool is not None and pool.running and time.monotonic() - pool.started_at < self.max_age_s:
+            return
+        if pool is not None:
+            pool.stop()
+        self.pools[nprocs] = Pool(nprocs, start_setup=self.start_steps).activate()
+
+    def smallest_running(self) -> int:
+        """The smallest world size with warm ranks (1 if none): where a one-off run costs least."""
+        return min((n for n, pool in self.pools.items() if pool.running), default=1)
+
+    def stop(self) -> None:
+        for pool in self.pools.values():
+            pool.stop()
+
+
 def grade(job: dict) -> dict:
     """Run every test cell of the job's notebook; return ``{grade_id: {"passed", "outputs"}}``."""
     import distlab
@@ -202,17 +237,24 @@ def grade(job: dict) -> dict:
     checks._GRADING_SEED = secrets.randbelow(2**31)
     serialize.loads = safeload.loads  # results of student code: data only (see safeload)
     real_run = launch.run
+    caps = job["caps"]
+    limits_step = {"module": "distlab.limits", "function": "apply", "when": "start", "kwargs": caps}
+    warm = WarmRanks([limits_step], max_age_s=(caps.get("wall_s") or 600) / 2)
 
     def run_encoded(fn, *args, **kwargs):
+        nprocs = kwargs.get("nprocs", 2)
+        plain = all(kwargs.get(k) in (None, "auto") for k in ("backend", "threads", "launcher"))
+        if plain and isinstance(nprocs, int) and 1 <= nprocs <= 8:
+            warm.ready(nprocs)  # otherwise launch.run starts cold ranks, with the same caps
         return real_run(sandbox.encoded_call, fn, *args, **kwargs)
 
     distlab.run = launch.run = run_encoded
 
-    caps = job["caps"]
     guard = {"paths": job["protected"] + [os.getcwd()], "max_spawns": 0, "forbidden": job.get("forbidden", [])}
     trusted = {c["grade_id"]: c["source"] for c in job["trusted_cells"]}
     tests = {c["grade_id"]: c["source"] for c in job["test_cells"]}
     namespace = TestNamespace()
+    namespace.values_nprocs = warm.smallest_running
     student_cells: list[str] = []
     verdicts = {}
     for cell in job["cells"]:
@@ -220,7 +262,7 @@ def grade(job: dict) -> dict:
         if grade_id in tests:
             namespace.student_cells = list(student_cells)
             start = time.monotonic()
-            with launch.rank_setup("distlab.limits", "apply", when="start", **caps), \
+            with launch.rank_setup(limits_step["module"], limits_step["function"], when="start", **caps), \
                     launch.rank_setup("distlab.guard", "protect_rank", when="call", **guard):
                 verdicts[grade_id] = _run_test_cell(namespace, grade_id, tests[grade_id], job["test_timeout"])
             verdicts[grade_id]["seconds"] = round(time.monotonic() - start, 2)
@@ -237,6 +279,7 @@ def grade(job: dict) -> dict:
             student_cells.append(source)
         else:
             student_cells.append(cell["source"])
+    warm.stop()
     for grade_id in tests:  # a test cell missing from the notebook fails
         verdicts.setdefault(grade_id, {"passed": False, "outputs": [], "seconds": 0})
     return verdicts
