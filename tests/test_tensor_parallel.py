@@ -19,7 +19,14 @@ Tolerances (float32; see distlab.checks):
 * Communication is counted (distlab.comm), so exact.
 
 One ``distlab.Pool`` per world size, and one call per pool that runs every check on the
-ranks and returns the results (a call costs ~0.1 s, a cold launch ~5 s).
+ranks and returns the results (a warm call costs ~2 s, a cold launch ~5 s; the file ~45 s
+on 2 busy cores).
+
+Checked to fail when the implementation is broken (each a one-line change): no backward
+all-reduce in copy_to_parallel_region, no forward all-reduce in reduce_from_parallel_region,
+qkv sliced as one contiguous block instead of per q/k/v, the row-parallel bias added before
+the sum, sequence-parallel gradients not summed, no MAX all-reduce in the cross-entropy, a
+plain split instead of a reduce-scatter behind the sequence all-gather.
 """
 
 from __future__ import annotations
