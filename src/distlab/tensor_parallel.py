@@ -26,16 +26,16 @@ on any rank.
 All the communication goes through six tiny ``torch.autograd.Function`` s, in conjugate
 pairs: what one does forward, its partner does backward.
 
-======================================  ============================  ============================
-function                                forward                       backward
-======================================  ============================  ============================
-:func:`copy_to_parallel_region`         identity                      all-reduce
-:func:`reduce_from_parallel_region`     all-reduce                    identity
-:func:`scatter_to_parallel_region`      keep my slice of last dim     all-gather along last dim
-:func:`gather_from_parallel_region`     all-gather along last dim     keep my slice of last dim
-:func:`gather_from_sequence_region`     all-gather along sequence     reduce-scatter along sequence
-:func:`reduce_scatter_to_sequence_region` reduce-scatter along seq.   all-gather along sequence
-======================================  ============================  ============================
+=========================================  =============================  =============================
+function                                   forward                        backward
+=========================================  =============================  =============================
+:func:`copy_to_parallel_region`            identity                       all-reduce
+:func:`reduce_from_parallel_region`        all-reduce                     identity
+:func:`scatter_to_parallel_region`         keep my slice of last dim      all-gather along last dim
+:func:`gather_from_parallel_region`        all-gather along last dim      keep my slice of last dim
+:func:`gather_from_sequence_region`        all-gather along sequence      reduce-scatter along sequence
+:func:`reduce_scatter_to_sequence_region`  reduce-scatter along sequence  all-gather along sequence
+=========================================  =============================  =============================
 
 The last pair is **sequence parallelism** (Korthikanti et al., 2022): between two
 tensor-parallel regions (LayerNorm, residual adds, dropout), activations are replicated on
