@@ -71,7 +71,7 @@ def sleeper(folder):
 """
 
 
-def wait_for_pids(folder, n, seconds=60) -> list[int]:
+def wait_for_pids(folder, n, seconds=180) -> list[int]:  # distlab's own start limit (DISTLAB_START_TIMEOUT)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         files = sorted(folder.glob("pids-*"))

@@ -84,10 +84,14 @@ class Pool:
             raise
         return self
 
-    def stop(self) -> None:
-        """Stop the ranks and remove the pool's files. Safe to call twice."""
+    def stop(self, gracefully: bool = True) -> None:
+        """Stop the ranks and remove the pool's files. Safe to call twice.
+
+        ``gracefully``: idle ranks first leave by themselves (up to ~2 s); otherwise they are
+        ended at once (the grader, which throws the ranks away anyway, does not wait).
+        """
         if self.job is not None:
-            self.job.succeeded = True  # let idle ranks leave by themselves first
+            self.job.succeeded = gracefully
             self._discard()
         if _active.get(self.nprocs) is self:
             del _active[self.nprocs]

@@ -225,7 +225,7 @@ class WarmRanks:
 
     def stop(self) -> None:
         for pool in self.pools.values():
-            pool.stop()
+            pool.stop(gracefully=False)
 
 
 def grade(job: dict) -> dict:
