@@ -216,7 +216,7 @@ class WarmRanks:
         if pool is not None and pool.running and time.monotonic() - pool.started_at < self.max_age_s:
             return
         if pool is not None:
-            pool.stop()
+            pool.stop(gracefully=False)
         self.pools[nprocs] = Pool(nprocs, start_setup=self.start_steps).activate()
 
     def smallest_running(self) -> int:
