@@ -178,3 +178,27 @@ def test_bad_pool_arguments_fail_before_starting():
         distlab.Pool(nprocs=0)
     with pytest.raises(ValueError, match="one GPU per rank"):
         distlab.Pool(nprocs=2, backend="nccl")
+
+
+def test_the_clean_rooms_warm_ranks_are_reused_and_replaced_when_broken_or_old():
+    from distlab.grade.cleanroom import WarmRanks
+
+    warm = WarmRanks([], max_age_s=3600.0)
+    try:
+        assert warm.smallest_running() == 1  # nothing warm yet: a one-off run takes one rank
+        warm.ready(2)
+        first = warm.pools[2]
+        pids = {p for p, _ in distlab.run(pid_and_sum, 0, nprocs=2)}  # served by the warm pool
+        warm.ready(2)
+        assert warm.pools[2] is first and {p for p, _ in distlab.run(pid_and_sum, 0, nprocs=2)} == pids
+        assert warm.smallest_running() == 2
+        first.stop(gracefully=False)                                   # as after a failed call
+        warm.ready(2)
+        second = warm.pools[2]
+        assert second is not first and second.running
+        warm.max_age_s = 0.0                                           # older than allowed
+        warm.ready(2)
+        assert warm.pools[2] is not second and not second.running
+    finally:
+        warm.stop()
+    assert not any(pool.running for pool in warm.pools.values()) and not distlab.active_pools()
