@@ -80,6 +80,8 @@ def restore(saved: dict) -> None:
             continue
         now = vars(target)
         for key, value in before.items():
+            if (name, key) in KEPT:
+                continue
             if now.get(key, _MISSING) is not value:
                 try:
                     setattr(target, key, value)
@@ -95,3 +97,9 @@ def restore(saved: dict) -> None:
 
 
 _MISSING = object()
+
+KEPT = {("torch.distributed.distributed_c10d", "_group_count")}
+"""Watched attributes that must keep a call's changes. ``new_group`` names each group by this
+counter, and the groups themselves outlive the call: put back, the counter would hand a
+later call's ``new_group`` a name already taken (``ValueError: The specified group name has
+already been created``)."""
