@@ -87,6 +87,9 @@ def _every_schedule(data):
         out["ours"][run] = pipeline.train_step(name, data, m, v, **CONFIG)
     for name in pipeline.TORCH_SCHEDULES:
         out["torch"][name] = pipeline.torch_pipeline_step(name, data, M, **CONFIG)
+    if world == 4:   # two pipelines of 2 stages side by side: ranks 0 -> 2 and 1 -> 3
+        groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        out["ours"]["1f1b, group"] = pipeline.train_step("1f1b", data, M, group=groups[dist.get_rank() % 2], **CONFIG)
     for name in TIMED:
         m = OURS[name][1]
         out["timed"][name] = pipeline.train_step(name, data, m, delay=DELAY, **CONFIG)
@@ -144,6 +147,8 @@ def test_every_schedule_gives_the_single_process_gradients_and_loss(runs, n):
     ref_grads, ref_loss = reference()
     for family in ("ours", "torch"):
         for run in runs[n][0][family]:
+            if run == "1f1b, group":
+                continue
             per_rank = [result[family][run] for result in runs[n]]
             grads = _merged(per_rank)
             assert sorted(grads) == sorted(ref_grads), (family, run)
@@ -153,6 +158,16 @@ def test_every_schedule_gives_the_single_process_gradients_and_loss(runs, n):
             assert losses[0] == pytest.approx(ref_loss, rel=1e-6), (family, run)
     # torch's V-shaped schedule puts the last chunk (and the loss) on rank 0; ours on the last rank
     assert runs[n][0]["torch"]["zbv"].loss is not None and runs[n][-1]["ours"]["1f1b"].loss is not None
+
+
+def test_two_pipelines_side_by_side_in_their_own_groups(runs):
+    """On 4 ranks, pipelines {0, 2} and {1, 3}: each one's gradients are the reference's."""
+    ref_grads, _ = reference()
+    for members in ([0, 2], [1, 3]):
+        per_rank = [runs[4][r]["ours"]["1f1b, group"] for r in members]
+        assert [r.rank for r in per_rank] == [0, 1]               # the rank within the pipeline group
+        checks.assert_gradients_match([_merged(per_rank)], ref_grads)
+        assert per_rank[1].loss is not None and per_rank[0].loss is None
 
 
 def test_one_process_runs_every_schedule_on_its_own_chunks(one_thread):
@@ -240,6 +255,8 @@ def test_modelled_timeline_draws_one_bar_per_action():
 def test_measured_timelines_respect_dependencies_and_show_the_bubble(runs, n):
     for family in ("ours", "timed"):
         for run in runs[n][0][family]:
+            if run == "1f1b, group":
+                continue
             per_rank = [r[family][run] for r in runs[n]]
             ended = {}
             for result in per_rank:

@@ -154,6 +154,13 @@ def stage_gradients(stages) -> dict[str, torch.Tensor]:
     return {name: p.grad.detach().clone() for stage in stages for name, p in stage.named_parameters()}
 
 
+def world(group=None) -> tuple[int, int]:
+    """``(pipeline ranks, my pipeline rank)`` in ``group`` (default: all ranks; ``(1, 0)`` with no process group)."""
+    if not dist.is_initialized():
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
 def rank_of(chunk: int, ranks: int) -> int:
     """The rank that holds ``chunk``: chunks are dealt round-robin (rank ``r``: ``r, r+p, r+2p, ...``)."""
     return chunk % ranks
@@ -519,10 +526,9 @@ class Executor:
     """
 
     def __init__(self, chunks: dict[int, Stage], total_chunks: int, batch, micro_batches: int,
-                 tracer: Tracer | None = None, delay: float = 0.0):
-        self.chunks, self.total_chunks = chunks, total_chunks
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.ranks = dist.get_world_size() if dist.is_initialized() else 1
+                 tracer: Tracer | None = None, delay: float = 0.0, group=None):
+        self.chunks, self.total_chunks, self.group = chunks, total_chunks, group
+        self.ranks, self.rank = world(group)
         self.inputs, self.targets = micro_batches_of(batch, micro_batches)
         self.m = micro_batches
         dim = next(iter(chunks.values())).dim
@@ -554,15 +560,20 @@ class Executor:
             self.local[(micro, to_chunk, what)] = tensor
             return
         tensor = tensor.contiguous()
-        self.sends.append((dist.isend(tensor, dst, tag=self._tag(micro, to_chunk, what)), tensor))
+        work = dist.isend(tensor, self._global(dst), group=self.group, tag=self._tag(micro, to_chunk, what))
+        self.sends.append((work, tensor))
 
     def receive(self, micro: int, chunk: int, what: str) -> torch.Tensor:
         src = rank_of(chunk - 1 if what == "activation" else chunk + 1, self.ranks)
         if src == self.rank:
             return self.local.pop((micro, chunk, what))
         buffer = torch.empty(self.shape)
-        dist.irecv(buffer, src, tag=self._tag(micro, chunk, what)).wait()
+        dist.irecv(buffer, self._global(src), group=self.group, tag=self._tag(micro, chunk, what)).wait()
         return buffer
+
+    def _global(self, rank: int) -> int:
+        """The global rank of pipeline rank ``rank`` (they differ inside a pipeline ``group``)."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     # -- the three kinds of work ----------------------------------------------------------------------------
 
@@ -637,13 +648,13 @@ class StepResult:
     seconds: float = 0.0                     # wall time of the step on this rank
 
 
-def build_chunks(virtual: int = 1, seed: int = 0, zero_bubble: bool = False, **config) -> dict[int, Stage]:
+def build_chunks(virtual: int = 1, seed: int = 0, zero_bubble: bool = False, group=None, **config) -> dict[int, Stage]:
     """This rank's chunks of a TinyGPT built from ``seed`` (``config``: GPTConfig fields).
 
     The model is cut into ``ranks * virtual`` chunks; rank ``r`` keeps ``r, r + ranks, ...``.
     ``zero_bubble``: make the linear layers defer their weight gradients (for I/W schedules).
     """
-    ranks, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    ranks, rank = world(group)
     chunks = split_gpt(models.build("gpt", seed=seed, **config), ranks * virtual)
     mine = {c.index: c for c in chunks if rank_of(c.index, ranks) == rank}
     if zero_bubble:
@@ -653,15 +664,19 @@ def build_chunks(virtual: int = 1, seed: int = 0, zero_bubble: bool = False, **c
 
 
 def run_step(chunks: dict[int, Stage], schedule: list[list[Action]], batch, micro_batches: int,
-             delay: float = 0.0, trace: bool = True) -> StepResult:
-    """Run this rank's part of ``schedule`` on ``chunks`` (gradients accumulate in ``.grad``)."""
-    ranks, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+             delay: float = 0.0, trace: bool = True, group=None) -> StepResult:
+    """Run this rank's part of ``schedule`` on ``chunks`` (gradients accumulate in ``.grad``).
+
+    ``group``: the ranks of this pipeline, in stage order (default: all ranks). Inside a 3D
+    layout each data- and tensor-parallel coordinate has its own pipeline group.
+    """
+    ranks, rank = world(group)
     if len(schedule) != ranks:
         raise ValueError(f"the schedule is for {len(schedule)} pipeline ranks, but {ranks} ranks are running; "
                          f"build it with stages={ranks}")
     total = ranks * len(chunks)
     check_schedule(schedule, micro_batches, total)
-    executor = Executor(chunks, total, batch, micro_batches, Tracer() if trace else None, delay)
+    executor = Executor(chunks, total, batch, micro_batches, Tracer() if trace else None, delay, group)
     start = time.perf_counter()
     executor.run(schedule[rank])
     seconds = time.perf_counter() - start
@@ -673,22 +688,23 @@ def run_step(chunks: dict[int, Stage], schedule: list[list[Action]], batch, micr
 
 
 def train_step(schedule, batch, micro_batches: int = 1, virtual: int = 1, seed: int = 0, delay: float = 0.0,
-               **config) -> StepResult:
+               group=None, **config) -> StepResult:
     """One pipelined forward and backward of ``batch`` on this rank; call it on every rank.
 
     ``schedule``: a name from :data:`SCHEDULES` (built for this world size, ``micro_batches``,
     ``virtual``), or every rank's action list. The model is a TinyGPT built from ``seed`` with
     ``config`` (its ``layers`` must divide by ``ranks * virtual``); ``delay``: pretend compute per
     action (see the module docstring). The gradients in the result are those of the full-batch
-    mean loss; compare them with :func:`distlab.models.reference_gradients`.
+    mean loss; compare them with :func:`distlab.models.reference_gradients`. ``group``: see
+    :func:`run_step`.
     """
-    ranks = dist.get_world_size() if dist.is_initialized() else 1
+    ranks, _ = world(group)
     if isinstance(schedule, str):
         schedule = make_schedule(schedule, ranks, micro_batches, virtual)
     virtual = (1 + max(a.chunk for actions in schedule for a in actions)) // len(schedule)
     zero_bubble = any(a.kind in "IW" for actions in schedule for a in actions)
-    chunks = build_chunks(virtual, seed, zero_bubble, **config)
-    return run_step(chunks, schedule, batch, micro_batches, delay)
+    chunks = build_chunks(virtual, seed, zero_bubble, group, **config)
+    return run_step(chunks, schedule, batch, micro_batches, delay, group=group)
 
 
 # -- 7. the same with torch.distributed.pipelining ----------------------------------------------------------
