@@ -158,10 +158,11 @@ def count_parameters(model) -> int:
 
 @dataclass
 class Measured:
-    """Filled in when the ``with`` block of :func:`saved_activation_bytes` or :func:`peak_allocated` ends."""
+    """Filled in when the ``with`` block of a measuring context manager of this module ends."""
 
     bytes: int = 0
     seconds: float = 0.0
+    shape: tuple = ()          # largest_tensor_made: the shape of that tensor
 
 
 @contextmanager
@@ -170,7 +171,8 @@ def saved_activation_bytes():
 
     Uses autograd's saved-tensor hooks: every tensor an operation keeps for its backward
     passes through ``pack``. Tensors that share a buffer count once; parameters (leaves that
-    require grad) are model state, not activations, and are left out::
+    require grad) and views of them (a linear layer saves its weight transposed) are model
+    state, not activations, and are left out::
 
         with saved_activation_bytes() as saved:
             loss = loss_fn(model, batch)
@@ -180,7 +182,8 @@ def saved_activation_bytes():
     seen: set[tuple[int, int]] = set()
 
     def pack(t):
-        if not (t.is_leaf and t.requires_grad):
+        base = t._base if t._base is not None else t     # F.linear saves weight.t(): a view of a parameter
+        if not (base.is_leaf and base.requires_grad):
             storage = t.untyped_storage()
             key = (storage.data_ptr(), storage.nbytes())
             if key not in seen:
@@ -224,6 +227,36 @@ def peak_allocated(device: str | None = None):
             level += nbytes
             peak = max(peak, level)
         result.bytes = peak
+    result.seconds = time.perf_counter() - start
+
+
+@contextmanager
+def largest_tensor_made():
+    """The largest tensor (in bytes) that any operation inside the block produced.
+
+    A probe for "this rank never materialises X": every torch operation's outputs pass
+    through a ``TorchDispatchMode`` on their way out, so nothing created by an op escapes it
+    (tensors made before the block, and parameters, are not counted)::
+
+        with largest_tensor_made() as largest:
+            loss = loss_fn(model, batch)
+        print(largest.bytes, largest.shape)
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    result = Measured()
+
+    class Probe(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > result.bytes:
+                    result.bytes, result.shape = t.numel() * t.element_size(), tuple(t.shape)
+            return out
+
+    start = time.perf_counter()
+    with Probe():
+        yield result
     result.seconds = time.perf_counter() - start
 
 
