@@ -46,7 +46,9 @@ by an all-gather. A ring all-reduce *is* a reduce-scatter followed by an all-gat
 ``1/N`` of the memory. The price: parameters used inside a sequence-sharded region (the
 LayerNorms, the position embedding, the row-parallel biases) now see only their rank's part
 of the sequence, so their gradients must be summed over the ranks
-(:func:`all_reduce_sequence_parallel_gradients`).
+(:func:`all_reduce_sequence_parallel_gradients`). And the column-parallel layers must not
+keep the gathered input for backward, or it is replicated again
+(:func:`save_only_sequence_shards`).
 
 :func:`parallelize_gpt` turns a :class:`distlab.models.TinyGPT` into its tensor-parallel twin
 by slicing the reference weights, with the same parameter names; :func:`shard_like` slices
@@ -206,6 +208,32 @@ class _ReduceScatterToSequenceRegion(torch.autograd.Function):
         return _all_gather(grad, ctx.dim, ctx.group), None, None
 
 
+class _GatherThenLinear(torch.autograd.Function):
+    """Sequence parallel, Megatron's way: all-gather then ``F.linear``, saving only my shard.
+
+    A plain ``gather_from_sequence_region`` followed by ``F.linear`` makes autograd save the
+    *gathered* input for the weight gradient: a full ``(batch, seq, in)`` tensor on every
+    rank, the very replication sequence parallelism set out to remove. Here forward saves
+    only this rank's sequence shard, and backward gathers it again when the weight gradient
+    needs it: one more all-gather, for ``1/N`` of the memory (Korthikanti et al., 2022).
+    """
+
+    @staticmethod
+    def forward(ctx, x_shard, weight, bias, dim, group):
+        ctx.save_for_backward(x_shard, weight)
+        ctx.dim, ctx.group, ctx.has_bias = dim, group, bias is not None
+        return F.linear(_all_gather(x_shard, dim, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_shard, weight = ctx.saved_tensors
+        x = _all_gather(x_shard, ctx.dim, ctx.group)                       # again: not kept from forward
+        grad_x = _reduce_scatter(grad @ weight, ctx.dim, ctx.group)      # as gather_from_sequence_region
+        grad_weight = grad.reshape(-1, grad.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None, None
+
+
 SEQUENCE_DIM = 1   # activations are (batch, seq, features), as in distlab.models
 
 
@@ -302,7 +330,9 @@ class ColumnParallelLinear(nn.Module):
 
     With ``sequence_parallel=True`` the input arrives split along the sequence and is
     all-gathered first (:func:`gather_from_sequence_region`), which backward becomes a
-    reduce-scatter: it does the job of the all-reduce above.
+    reduce-scatter: it does the job of the all-reduce above. ``save_sharded_input = True``
+    (:func:`save_only_sequence_shards`) keeps only the shard for backward and gathers again
+    there (:class:`_GatherThenLinear`).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
@@ -310,6 +340,7 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.group, self.gather_output, self.sequence_parallel = group, gather_output, sequence_parallel
         self.parts = parts
+        self.save_sharded_input = False        # see save_only_sequence_shards
         n, _ = world(group)
         per_part = divide(out_features, parts, "out_features of a fused layer")
         local = parts * divide(per_part, n, "out_features of a column-parallel linear layer"
@@ -326,11 +357,14 @@ class ColumnParallelLinear(nn.Module):
         return per_part.chunk(n, dim=1)[rank].flatten(0, 1).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            x = gather_from_sequence_region(x, self.group)
+        if self.sequence_parallel and self.save_sharded_input:
+            y = _GatherThenLinear.apply(x, self.weight, self.bias, SEQUENCE_DIM, self.group)
         else:
-            x = copy_to_parallel_region(x, self.group)
-        y = F.linear(x, self.weight, self.bias)
+            if self.sequence_parallel:
+                x = gather_from_sequence_region(x, self.group)
+            else:
+                x = copy_to_parallel_region(x, self.group)
+            y = F.linear(x, self.weight, self.bias)
         return gather_from_parallel_region(y, self.group) if self.gather_output else y
 
     @classmethod
@@ -583,3 +617,16 @@ def all_reduce_sequence_parallel_gradients(model: nn.Module, group=None) -> None
     for p in model.parameters():
         if getattr(p, "sequence_parallel", False) and p.grad is not None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+
+
+def save_only_sequence_shards(model: nn.Module) -> nn.Module:
+    """Make every sequence-parallel column layer of ``model`` save its input shard, not the gathered input.
+
+    Trades one extra all-gather per column-parallel layer in backward for activations that
+    are all split ``N`` ways (see :class:`_GatherThenLinear`). No effect without sequence
+    parallelism. Returns ``model``.
+    """
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear):
+            module.save_sharded_input = True
+    return model
