@@ -184,7 +184,7 @@ def saved_activation_bytes():
     def pack(t):
         base = t._base if t._base is not None else t     # F.linear saves weight.t(): a view of a parameter
         if not (base.is_leaf and base.requires_grad):
-            storage = t.untyped_storage()
+            storage = getattr(t, "_local_tensor", t).untyped_storage()    # a DTensor: its local piece
             key = (storage.data_ptr(), storage.nbytes())
             if key not in seen:
                 seen.add(key)
