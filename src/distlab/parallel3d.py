@@ -1,0 +1,373 @@
+"""The training step of 2D parallelism: tensor parallelism inside groups, data parallelism across them.
+
+On a :class:`distlab.mesh.Grid` of ``dp x pp x tp`` ranks, one step nests two earlier chapters:
+
+1. Each **tp group** holds one copy of the model with every matrix split ``tp`` ways
+   (:func:`distlab.tensor_parallel.parallelize_gpt`, given the group's process group), and
+   all its ranks run forward and backward on the *same* data: the activations' all-reduces
+   stay inside the group (:func:`build_model`, :func:`loss_fn`).
+2. The ``dp`` copies train on different shards of the batch (:func:`my_batch`: the shard
+   is chosen by the dp coordinate, so the ranks of a tp group get the same one).
+3. After backward, each rank averages its gradients with the ranks that hold *the same
+   slice of the same weights*: its **dp group** (:func:`average_gradients`, one all-reduce
+   of one flat buffer, ``ReduceOp.AVG``).
+
+Why the result is exactly the single-process step: on each rank, tensor parallelism gives
+the exact slice of the gradient of its dp shard's mean loss (chapter 5); averaging the
+gradients of equal shards gives the gradient of the whole batch's mean loss (chapter 3).
+So every layout follows the single-process loss curve, up to float32 rounding
+(:func:`train` on the ranks, :func:`run_layouts` from a notebook, :func:`reference_losses`).
+
+Bytes each rank sends per step, with ``b`` sequences per dp shard, ``s`` tokens each, width
+``h``, ``L`` blocks, ``P_local`` parameters on the rank and ``AR(S) = 2 (n-1)/n * S``
+(:mod:`distlab.comm`'s convention; :func:`distlab.layout.predict_run` computes them):
+
+* **tp**: per block two all-reduces forward and two backward of the ``(b, s, h)``
+  activations; one more forward for the vocab-parallel embedding and one backward for the
+  output layer; three of ``(b, s)`` for the vocab-parallel cross-entropy:
+  ``(4L + 2) * AR(4bsh) + 3 * AR(4bs)`` over the tp group.
+* **dp**: ``AR(4 * P_local)`` over the dp group. With tensor parallelism ``P_local`` is about
+  ``P / tp``: each dp group averages a smaller slice.
+
+The same layout with torch's own tools (:func:`train_torch`): DTensor tensor parallelism
+(``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel`` per block, as in
+torchtitan) on the ``tp`` sub-mesh, and FSDP2 (``fully_shard``, ZeRO-3) over the ``dp``
+sub-mesh. TinyGPT's attention computes q, k and v in one fused matrix; ``ColwiseParallel``
+gives rank ``r`` a contiguous ``1/tp`` of its rows, which would be all of ``q`` for rank 0.
+Megatron stores the fused weight *interleaved* (each rank's heads' q, k, v rows side by
+side) so that a contiguous split is right; :func:`interleave_qkv` does the same here, and
+:class:`HeadShardedAttention` runs on whatever heads its rank holds.
+
+Pipeline parallelism plugs in at :func:`forward_backward`: a stage builds only its blocks and
+a schedule runs micro-batches through the pp group (:class:`distlab.mesh.ProcessGrid` knows
+the previous and next stage). Until then, a grid with ``pp > 1`` raises
+``NotImplementedError``. ZeRO over a dp *subgroup* is torch's FSDP2 path here:
+:mod:`distlab.zero` shards over all ranks, not over a group. Kept out: sequence
+parallelism (:mod:`distlab.tensor_parallel` has it; the bytes are the same), mixed precision.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from distlab import comm, memory, models, tensor_parallel
+from distlab.mesh import Grid, ProcessGrid, device_mesh
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+
+
+# -- the pieces of a step (from-scratch version) ---------------------------------------------------
+
+def build_model(reference: models.TinyGPT, pg: ProcessGrid) -> nn.Module:
+    """My tp group's model: ``reference`` sliced ``tp`` ways, or the plain model when ``tp == 1``."""
+    if pg.size("tp") == 1:
+        return reference
+    return tensor_parallel.parallelize_gpt(reference, group=pg.group("tp"))
+
+
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    """Mean next-token loss of ``batch``: vocab-parallel for a tensor-parallel model."""
+    if isinstance(model, tensor_parallel.ParallelGPT):
+        return tensor_parallel.loss(model, batch)
+    return models.loss_fn(model, batch)
+
+
+def my_batch(batch, pg: ProcessGrid):
+    """My dp group's shard of the global ``batch``: chosen by my dp coordinate alone."""
+    return models.shard(batch, pg.rank_in("dp"), pg.size("dp"))
+
+
+def forward_backward(model: nn.Module, batch, pg: ProcessGrid) -> torch.Tensor:
+    """Forward and backward of my shard; returns the loss. Pipeline schedules replace this."""
+    if pg.size("pp") > 1:
+        raise NotImplementedError("pp > 1: a pipeline schedule (distlab.pipeline) runs the micro-batches here")
+    loss = loss_fn(model, batch)
+    loss.backward()
+    return loss
+
+
+def average_gradients(model: nn.Module, group) -> None:
+    """Average every gradient over ``group`` (my dp group): one all-reduce of one flat buffer.
+
+    The ranks of a dp group hold the same slice of the same parameters in the same order,
+    so their flat buffers line up element by element. Nothing to do in a group of one.
+    """
+    if dist.get_world_size(group) == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
+    for g, averaged in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(averaged.view_as(g))
+
+
+# -- a training run on the ranks ------------------------------------------------------------------
+
+def _global_mean(value: float, group) -> float:
+    """Mean of ``value`` over ``group`` (bookkeeping for the loss curve; not part of the algorithm)."""
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
+    return t.item()
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _counts(log) -> dict[str, int]:
+    return dict(log.counts())
+
+
+def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, optimizer: str = "sgd",
+          seed: int = 0, config: dict | None = None, keep_gradients: bool = False) -> dict:
+    """Train TinyGPT on ``grid`` for ``steps`` steps (on every rank); return what happened on this rank.
+
+    Step ``i`` uses the global batch ``models.example_batch("gpt", batch_size, seed=i)``, of which
+    each dp group takes its shard. Returns a dict with:
+
+    * ``coords``: my grid coordinates;
+    * ``losses``: the full-batch loss before each step (the mean of the dp shards' losses);
+    * ``seconds``: each step's time on the slowest rank;
+    * ``bytes``: parameters, gradients and optimizer state held after the last step (:mod:`distlab.memory`);
+    * ``sent``: bytes sent in the last step, ``{"tp": ..., "dp": ..., "pp": ...}`` (:mod:`distlab.comm`);
+      forward/backward collectives are the tp group's, p2p ops the pp group's, the gradient
+      average the dp group's;
+    * ``calls``: the same calls counted by op, per axis;
+    * with ``keep_gradients``, ``gradients`` (my averaged gradient slices after the first step)
+      and ``expected`` (the same slices of the single-process full-batch gradient).
+    """
+    config = dict(config or {})
+    pg = ProcessGrid(grid)
+    reference = models.build("gpt", seed=seed, **config)
+    model = build_model(models.build("gpt", seed=seed, **config), pg)
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
+    out = {"coords": pg.coords, "losses": [], "seconds": []}
+    for step in range(steps):
+        batch = models.example_batch("gpt", batch_size, seed=step, **config)
+        dist.barrier()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with comm.record() as compute:
+            loss = forward_backward(model, my_batch(batch, pg), pg)
+        with comm.record() as sync:
+            average_gradients(model, pg.group("dp"))
+        if step == 0 and keep_gradients:
+            out["gradients"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        out["seconds"].append(_slowest(time.perf_counter() - start))
+        out["losses"].append(_global_mean(loss.item(), pg.group("dp")))
+    p2p = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
+    by_axis = {"tp": [c for c in compute if c.op not in p2p], "pp": [c for c in compute if c.op in p2p],
+               "dp": list(sync)}
+    out["sent"] = {axis: sum(c.sent for c in calls) for axis, calls in by_axis.items()}
+    out["calls"] = {axis: _counts(comm.CommLog(calls)) for axis, calls in by_axis.items()}
+    out["bytes"] = memory.model_state_bytes(model, opt)
+    if keep_gradients:
+        full = models.reference_gradients(reference, models.example_batch("gpt", batch_size, seed=0, **config))
+        out["expected"] = tensor_parallel.shard_like(model, full) if isinstance(
+            model, tensor_parallel.ParallelGPT) else full
+    return out
+
+
+# -- the same with torch's tools: DTensor TP + FSDP2 -----------------------------------------------
+
+def interleave_qkv(t: torch.Tensor, tp: int) -> torch.Tensor:
+    """Reorder a fused ``[q; k; v]`` weight's (or bias's) rows to ``[q_0; k_0; v_0; q_1; k_1; v_1; ...]``.
+
+    ``q_r`` are the rows of rank ``r``'s heads. A contiguous ``1/tp`` of the result, which is
+    what ``ColwiseParallel`` gives rank ``r``, is then exactly its heads' q, k and v.
+    """
+    return t.unflatten(0, (3, tp, -1)).transpose(0, 1).flatten(0, 2)
+
+
+class HeadShardedAttention(nn.Module):
+    """TinyGPT's attention for a rank that holds some of the heads, their q, k, v side by side.
+
+    Same parameters (``qkv``, ``proj``) as :class:`distlab.models.CausalSelfAttention`; the
+    number of heads is read from the size of ``qkv``'s (local) output, so the module works
+    on a full or a head-sharded ``qkv`` alike.
+    """
+
+    def __init__(self, attention: models.CausalSelfAttention, head_dim: int):
+        super().__init__()
+        self.qkv, self.proj, self.head_dim = attention.qkv, attention.proj, head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)                 # my heads' q, k and v
+        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
+
+
+def torch_parallelize(model: models.TinyGPT, mesh) -> nn.Module:
+    """TinyGPT under torch's tools: DTensor TP on ``mesh["tp"]``, then FSDP2 on ``mesh["dp"]``.
+
+    TP plan (torchtitan's, for a GPT): the token embedding split by vocabulary rows
+    (``RowwiseParallel``, an all-reduce forward), in every block ``qkv`` and ``fc1``
+    column-wise and ``proj`` and ``fc2`` row-wise, the output layer column-wise with its
+    logits left sharded for ``loss_parallel``. Then ``fully_shard`` each block and the
+    root over the dp sub-mesh: every (already tp-sharded) parameter is sharded again ``dp`` ways.
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp, dp = mesh["tp"].size(), mesh["dp"].size()
+    head_dim = model.cfg.dim // model.cfg.heads
+    if tp > 1:
+        for block in model.blocks:
+            with torch.no_grad():
+                for p in block.attn.qkv.parameters():
+                    p.copy_(interleave_qkv(p, tp))
+            block.attn = HeadShardedAttention(block.attn, head_dim)
+            parallelize_module(block, mesh["tp"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+                                                   "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        parallelize_module(model, mesh["tp"], {
+            "tok": RowwiseParallel(input_layouts=Replicate()),
+            "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
+    if dp > 1:
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def torch_loss(model: nn.Module, batch, tp: int) -> torch.Tensor:
+    """Forward and backward with torch's tools; vocab-sharded logits go through ``loss_parallel``."""
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    inputs, targets = batch
+    with loss_parallel() if tp > 1 else nullcontext():
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+    return loss
+
+
+def train_torch(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, optimizer: str = "sgd",
+                seed: int = 0, config: dict | None = None, keep_gradients: bool = False) -> dict:
+    """:func:`train` with DTensor TP + FSDP2 (:func:`torch_parallelize`); same data, same result keys.
+
+    Differences: ``sent`` has only ``"dp"``, FSDP2's all-gathers and reduce-scatters (DTensor's
+    collectives bypass the Python functions :mod:`distlab.comm` records); ``calls`` is
+    ``CommDebugMode``'s count of every collective, TP's included. ``gradients`` and
+    ``expected`` are full tensors (``DTensor.full_tensor()``), with ``qkv`` rows interleaved.
+    """
+    import warnings
+
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    if grid.pp > 1:
+        raise NotImplementedError("pp > 1 with torch's tools: torch.distributed.pipelining plugs in here")
+    config = dict(config or {})
+    warnings.filterwarnings("ignore", message=".*(FSDP2-wrapped module|Full backward hook).*")
+    mesh = device_mesh(grid)
+    tp, dp, dp_rank = grid.tp, grid.dp, mesh["dp"].get_local_rank()
+    model = torch_parallelize(models.build("gpt", seed=seed, **config), mesh)
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
+    out = {"coords": {axis: mesh[axis].get_local_rank() for axis in grid.order}, "losses": [], "seconds": []}
+    for step in range(steps):
+        batch = models.shard(models.example_batch("gpt", batch_size, seed=step, **config), dp_rank, dp)
+        dist.barrier()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with CommDebugMode() as debug, comm.record() as log:
+            loss = torch_loss(model, batch, tp)
+        if step == 0 and keep_gradients:
+            out["gradients"] = {n: _full(p.grad) for n, p in model.named_parameters()}
+        opt.step()
+        out["seconds"].append(_slowest(time.perf_counter() - start))
+        out["losses"].append(_global_mean(_local_value(loss), mesh["dp"].get_group()))
+    out["sent"] = {"dp": log.bytes_sent()}
+    out["calls"] = {str(op): n for op, n in debug.get_comm_counts().items()}
+    out["bytes"] = memory.model_state_bytes(model, opt)
+    if keep_gradients:
+        reference = models.build("gpt", seed=seed, **config)
+        full = models.reference_gradients(reference, models.example_batch("gpt", batch_size, seed=0, **config))
+        out["expected"] = {n: interleave_qkv(g, tp) if ".attn.qkv." in n and tp > 1 else g for n, g in full.items()}
+    return out
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+
+
+def _local_value(loss: torch.Tensor) -> float:
+    return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
+
+
+# -- from a notebook ------------------------------------------------------------------------------
+
+ENGINES = {"distlab": train, "torch": train_torch}
+
+
+@dataclass
+class LayoutRun:
+    """One layout's run, summarised over its ranks."""
+
+    grid: Grid
+    engine: str
+    losses: list[float]                   # full-batch loss before each step
+    seconds: float                        # median step time (slowest rank)
+    bytes: list[dict] = field(default_factory=list)   # per rank: parameters, gradients, optimizer, total
+    sent: list[dict] = field(default_factory=list)    # per rank: bytes sent in a step, by axis
+    calls: list[dict] = field(default_factory=list)   # per rank: calls by op (by axis for distlab)
+    ranks: list[dict] = field(default_factory=list)   # everything :func:`train` returned, per rank
+
+
+def _train_each(layouts: dict, engine: str, kwargs: dict) -> dict:
+    return {name: ENGINES[engine](grid, **kwargs) for name, grid in layouts.items()}
+
+
+def run_layouts(layouts: dict[str, Grid], nprocs: int, engine: str = "distlab", timeout: float = 300,
+                **kwargs) -> dict[str, LayoutRun]:
+    """Train each layout in turn, in one launch of ``nprocs`` ranks; ``kwargs`` go to :func:`train`.
+
+    ::
+
+        runs = run_layouts({"dp4": Grid(dp=4), "tp4": Grid(tp=4), "dp2 x tp2": Grid(dp=2, tp=2)}, nprocs=4)
+        runs["tp4"].losses, runs["tp4"].bytes[0], runs["tp4"].sent[0]
+    """
+    import distlab
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
+    for name, grid in layouts.items():
+        grid.check(nprocs)
+    per_rank = distlab.run(_train_each, layouts, engine, kwargs, nprocs=nprocs, timeout=timeout)
+    out = {}
+    for name, grid in layouts.items():
+        ranks = [r[name] for r in per_rank]
+        out[name] = LayoutRun(grid=grid, engine=engine, losses=ranks[0]["losses"],
+                              seconds=statistics.median(ranks[0]["seconds"]),
+                              bytes=[r["bytes"] for r in ranks], sent=[r["sent"] for r in ranks],
+                              calls=[r["calls"] for r in ranks], ranks=ranks)
+    return out
+
+
+def reference_losses(steps: int = 3, lr: float = 0.1, batch_size: int = 8, optimizer: str = "sgd",
+                     seed: int = 0, config: dict | None = None) -> list[float]:
+    """The single-process loss curve every layout must follow: full batches, same data, same optimizer."""
+    config = dict(config or {})
+    model = models.build("gpt", seed=seed, **config)
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = models.loss_fn(model, models.example_batch("gpt", batch_size, seed=step, **config))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses

@@ -1,0 +1,197 @@
+"""distlab.layout, the layout calculator: each formula against numbers computed by hand or quoted
+from its source, the decision procedure on three textbook situations, and bad input.
+
+Pure Python, no ranks: the whole file runs in about a second. (That the calculator's
+*exact* predictions equal what the ranks count is tests/test_mesh.py's job.)
+
+Checked to fail on purpose: the 16-bit activation formula without the 5as/h attention
+term, the bubble as (p-1)/m, the dp link judged by its stride instead of its span, and
+recommend keeping the last layout tried instead of the fastest.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distlab import layout, memory, models
+from distlab.layout import Cluster, Model, Training
+from distlab.mesh import Grid
+
+GPT3 = Model(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048, tied=True)
+TINY = Model.from_config(models.GPTConfig())
+MEGATRON = ("pp", "dp", "tp")
+
+
+def test_parameter_counts():
+    # GPT-3 175B: 96 blocks of 12h^2 + 13h, token and position embeddings, final norm; head tied
+    h = 12288
+    assert GPT3.params == 96 * (12 * h**2 + 13 * h) + 51200 * h + 2048 * h + 2 * h == 174_615_846_912
+    tiny = models.build("gpt")
+    assert TINY.params == memory.count_parameters(tiny) == 135_168
+    assert TINY.tensors == len(list(tiny.parameters())) == 30
+
+
+def test_parameters_on_a_rank_split_the_matrices_and_keep_norms_and_row_biases_whole():
+    # TinyGPT, tp=2: tok, head (+bias), per block qkv (+bias), proj, fc1 (+bias), fc2 halved;
+    # pos, 5 LayerNorms, proj and fc2 biases whole
+    sharded = 256 * 64 + (256 * 64 + 256) + 2 * (12 * 64 * 64 + 7 * 64)
+    replicated = 32 * 64 + 2 * 64 + 2 * (6 * 64)
+    assert TINY.params_on_rank(tp=2) == sharded // 2 + replicated == 69_056
+    assert TINY.params_on_rank(tp=1) == TINY.params
+    # two stages: the first holds the embeddings, the last the final norm and the head
+    block_sharded, block_replicated = 12 * 64 * 64 + 7 * 64, 6 * 64
+    assert TINY.params_on_rank(pp=2, stage=0) == block_sharded + block_replicated + 256 * 64 + 32 * 64
+    assert TINY.params_on_rank(pp=2, stage=1) == block_sharded + block_replicated + 256 * 64 + 256 + 2 * 64
+    # tied embeddings: a pipeline's last stage keeps its own copy of the output matrix
+    assert GPT3.params_on_rank(pp=2, stage=0) + GPT3.params_on_rank(pp=2, stage=1) == GPT3.params + 51200 * 12288
+
+
+def test_model_states_match_the_zero_papers_figure_1():
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, 64 GPUs, mixed precision + Adam
+    gb = {z: layout.model_state_bytes(7.5e9, 64, z, "mixed")["total"] / 1e9 for z in range(4)}
+    assert gb[0] == 120 and gb[3] == 1.875
+    assert round(gb[1], 1) == 31.4 and round(gb[2], 1) == 16.6
+    assert layout.BYTES["fp32"] == {**memory.PRECISIONS["fp32"], "activations": 4}
+    assert layout.BYTES["mixed"] == {**memory.PRECISIONS["mixed"], "activations": 2}
+    assert layout.SHARDED == memory.SHARDED
+
+
+def test_activations_per_layer_are_korthikantis_table_2():
+    sbh = 2048 * 1 * 12288                                    # GPT-3, micro-batch 1
+    per = lambda tp, **kw: layout.activation_bytes_per_layer(GPT3, Training(1, **kw), tp)  # noqa: E731
+    assert per(1) == sbh * (34 + 5 * 96 * 2048 / 12288) == 114 * sbh
+    assert per(8) == sbh * (10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8)) == 23 * sbh
+    assert per(8, sequence_parallel=True) == sbh / 8 * 114
+    assert per(8, sequence_parallel=True, recompute="selective") == 34 * sbh / 8
+    assert per(8, recompute="selective") == sbh * (10 + 24 / 8)
+    assert per(8, recompute="full") == 2 * sbh and per(8, recompute="full", sequence_parallel=True) == 2 * sbh / 8
+    assert per(8, precision="fp32") == 2 * per(8)
+
+
+def test_bubble():
+    assert layout.bubble(4, 8) == 3 / 11
+    assert layout.bubble(1, 8) == 0
+    assert layout.bubble(4, 1) == 3 / 4
+
+
+def test_links_follow_the_span_of_each_group():
+    assert layout.link(Grid(dp=16, tp=8), "tp", 8) == "intra"
+    assert layout.link(Grid(dp=16, tp=8), "dp", 8) == "inter"
+    assert layout.link(Grid(dp=16, tp=8), "pp", 8) is None
+    grid = Grid(dp=2, pp=2, tp=4)                            # 16 GPUs, 8 per node
+    assert [layout.link(grid, a, 8) for a in ("tp", "pp", "dp")] == ["intra", "intra", "inter"]
+    megatron = Grid(dp=2, pp=2, tp=4, order=MEGATRON)        # dp inside, pp across nodes
+    assert [layout.link(megatron, a, 8) for a in ("tp", "dp", "pp")] == ["intra", "intra", "inter"]
+    assert layout.link(Grid(dp=2, pp=2, tp=2), "dp", 8) == "intra"          # one node: all intra
+    assert layout.link(Grid(dp=3, tp=4), "tp", 6) == "inter"                # ranks 4..7 straddle a node
+
+
+def test_one_layout_by_hand():
+    model = Model(layers=4, hidden=1024, heads=16, vocab=32000, seq=1024)
+    cluster = Cluster(gpus=16, gpus_per_node=8, intra_bandwidth=100e9, inter_bandwidth=10e9, flops=1e15, mfu=0.5)
+    training = Training(global_batch=32, micro_batch=2)
+    e = layout.estimate(model, cluster, training, Grid(dp=2, pp=2, tp=4), zero=1)
+    assert e.micro_batches == 32 // (2 * 2) == 8
+    sbh = 1024 * 2 * 1024
+    # tp: 2 layers per stage x 8 micro-batches x 4 all-reduces of 2 sbh bytes over 4 ranks
+    assert e.comm_bytes["tp"] == 2 * 8 * 4 * (2 * 3 / 4 * 2 * sbh)
+    # pp: with two stages, each sends one way: 8 micro-batches x 2 sbh bytes
+    assert e.comm_bytes["pp"] == 8 * 2 * sbh
+    stage0 = (2 * (12 * 1024**2 + 7 * 1024) + 32000 * 1024) // 4 + 2 * 6 * 1024 + 1024 * 1024
+    assert stage0 == model.params_on_rank(4, 2, 0) == 15_547_904
+    # dp, ZeRO-1: reduce-scatter + all-gather = 2 (d-1)/d x 2-byte gradients, the bigger stage
+    assert e.comm_bytes["dp"] == 2 * (1 / 2) * 2 * stage0
+    assert e.links == {"tp": "intra", "pp": "intra", "dp": "inter"}
+    # memory of stage 0: 2 + 2 + 12/2 bytes per parameter, activations of 2 layers x 2 micro-batches in flight
+    per_layer = sbh * (10 + 24 / 4 + 5 * 16 * 1024 / (1024 * 4))
+    assert e.memory["activations"] == 2 * 2 * per_layer
+    assert e.memory["total"] == 10 * stage0 + 2 * 2 * per_layer
+    assert e.fits
+    ideal = 6 * model.params * (32 * 1024) / 16 / (1e15 * 0.5)
+    assert e.ideal_seconds == pytest.approx(ideal)
+    assert e.compute_seconds == pytest.approx(ideal * (8 + 2 - 1) / 8)
+    dp_exposed = max(0.0, e.comm_bytes["dp"] / 10e9 - ideal * 2 / 3)
+    assert e.step_seconds == pytest.approx(e.compute_seconds + e.comm_bytes["tp"] / 100e9
+                                           + e.comm_bytes["pp"] / 100e9 + dp_exposed)
+    zero3 = layout.estimate(model, cluster, training, Grid(dp=2, pp=2, tp=4), zero=3)
+    assert zero3.comm_bytes["dp"] == 1.5 * e.comm_bytes["dp"]
+    assert zero3.memory["parameters"] == e.memory["parameters"] / 2
+
+
+def test_rank_layouts_lists_every_runnable_layout_fitting_and_fastest_first():
+    cluster, training = Cluster(gpus=64), Training(global_batch=512, micro_batch=2)
+    model = Model(layers=32, hidden=4096, heads=32, vocab=50304, seq=2048)
+    ranked = layout.rank_layouts(model, cluster, training)
+    assert {(e.grid.tp, e.grid.pp) for e in ranked} == {(t, p) for t in (1, 2, 4, 8, 16, 32, 64) if 32 % t == 0
+                                                         for p in (1, 2, 4, 8, 16, 32, 64) if 32 % p == 0 and t * p <= 64}
+    fits = [e.fits for e in ranked]
+    assert fits == sorted(fits, reverse=True) and fits[0]
+    times = [e.step_seconds for e in ranked if e.fits]
+    assert times == sorted(times)
+    first = ranked[0]
+    again = layout.estimate(model, cluster, training, first.grid, first.zero)
+    assert (again.step_seconds, again.memory) == (first.step_seconds, first.memory)
+
+
+def test_recommend_small_model_data_parallel():
+    model = Model(layers=32, hidden=4096, heads=32, vocab=50304, seq=2048)
+    advice = layout.recommend(model, Cluster(gpus=64), Training(global_batch=512, micro_batch=2))
+    assert (advice.choice.grid, advice.choice.zero) == (Grid(dp=64), 2)     # 7B: ZeRO-2 is the first stage to fit
+    assert "ZeRO-2" in str(advice) and not any(line.startswith("2.") for line in advice.steps)
+
+
+def test_recommend_gpt3_slow_data_parallel_then_tensor_parallel_inside_a_node():
+    advice = layout.recommend(GPT3, Cluster(gpus=256), Training(global_batch=512, recompute="full"))
+    assert (advice.choice.grid, advice.choice.zero) == (Grid(dp=64, tp=4), 3)
+    assert "dp=256 pp=1 tp=1 ZeRO-3/FSDP" in advice.steps[2] and advice.steps[2].endswith("too slow")
+    advice = layout.recommend(GPT3, Cluster(gpus=1024), Training(global_batch=1536))
+    assert advice.choice.grid == Grid(dp=128, tp=8) and "tp=4: even with ZeRO-3" in str(advice)
+
+
+def test_recommend_pipeline_when_the_batch_cannot_feed_more_replicas():
+    advice = layout.recommend(GPT3, Cluster(gpus=256), Training(global_batch=16))
+    assert advice.choice.grid.tp == 8 and advice.choice.grid.pp > 1
+    tried = [line for line in advice.steps if line.startswith("  dp=") and "pp=1 " not in line]
+    fastest = min(tried, key=lambda line: float(line.split("step ")[1].split(" s")[0]))
+    assert advice.choice.describe() in fastest                              # none good: the fastest seen
+
+
+def test_recommend_says_when_nothing_fits():
+    advice = layout.recommend(GPT3, Cluster(gpus=32), Training(global_batch=32, recompute="full"))
+    assert advice.choice is None and "none fits" in advice.steps[-1]
+
+
+def test_predict_run_by_hand_for_tinygpt_at_dp2_tp2():
+    predicted = layout.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8)
+    assert predicted["bytes"] == {"parameters": 4 * 69_056, "gradients": 4 * 69_056, "optimizer": 0,
+                                  "total": 8 * 69_056}
+    activations = 4 * (8 // 2) * 32 * 64                      # float32 (b, s, h) of one dp shard
+    assert predicted["sent"] == {"tp": (4 * 2 + 2) * activations + 3 * 4 * 4 * 32, "pp": 0, "dp": 4 * 69_056}
+    adam = layout.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8, optimizer="adamw")
+    assert adam["bytes"]["optimizer"] == 8 * 69_056 + 4 * 30
+    fsdp = layout.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8, engine="torch")
+    root = (256 * 64 + 256 * 64 + 256) // 2 + 32 * 64 + 2 * 64
+    assert fsdp["sent"] == {"tp": None, "pp": 0, "dp": 4 * (3 * 69_056 - root) // 2}
+    assert fsdp["bytes"]["parameters"] == 4 * 69_056 // 2
+
+
+def test_bad_input_raises_value_errors():
+    with pytest.raises(ValueError, match="precision"):
+        Training(8, precision="fp8")
+    with pytest.raises(ValueError, match="recompute"):
+        Training(8, recompute="some")
+    cluster = Cluster(gpus=8)
+    with pytest.raises(ValueError, match="multiply to the world size"):
+        layout.estimate(TINY, cluster, Training(8), Grid(dp=4))
+    with pytest.raises(ValueError, match=r"tp=8 does not divide the number of heads \(4\)"):
+        layout.estimate(TINY, cluster, Training(8), Grid(tp=8))
+    with pytest.raises(ValueError, match=r"pp=8 does not divide the number of layers \(2\)"):
+        layout.estimate(TINY, cluster, Training(8), Grid(pp=8))
+    with pytest.raises(ValueError, match="does not split into dp=8"):
+        layout.estimate(TINY, cluster, Training(12), Grid(dp=8))
+    with pytest.raises(ValueError, match="zero must be"):
+        layout.model_state_bytes(10, 2, 4)
+    with pytest.raises(ValueError, match="optimizer"):
+        layout.predict_run(TINY, Grid(dp=2), 8, optimizer="lion")
+    with pytest.raises(NotImplementedError):
+        layout.predict_run(TINY, Grid(pp=2), 8)
