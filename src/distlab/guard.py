@@ -124,6 +124,11 @@ class _ForbiddenClassMeta(type):
     def __call__(cls, *args, **kwargs):
         raise ForbiddenError(f"{cls.__forbidden_name__} {NOT_ALLOWED}")
 
+    def __getattr__(cls, attr):
+        # The class's own constructors and helpers (DTensor.from_local, Function.apply) say why
+        # too; an AttributeError as well, so library code that only probes a class goes on.
+        raise ForbiddenAttributeError(f"{cls.__forbidden_name__} {NOT_ALLOWED}")
+
 
 def _forbidden_class(name: str) -> type:
     return _ForbiddenClassMeta(name.rsplit(".", 1)[-1], (), {"__forbidden_name__": name})
