@@ -225,9 +225,9 @@ def defer_weight_gradients(stage: Stage) -> Stage:
     """Replace every ``nn.Linear`` of ``stage`` by a :class:`DeferredLinear` sharing ``stage.later``.
 
     After a backward through the stage, ``stage.later`` holds one job per linear layer; running
-    them is the stage's W pass. The LayerNorms and embeddings (a few hundred numbers here) still
-    get their weight gradients during backward, as in the zero-bubble paper's implementation:
-    the linear layers are where the time goes.
+    them is the stage's W pass. The LayerNorms and embeddings still get their weight gradients
+    during backward (a sum and a scatter-add: cheap), as in the zero-bubble paper's
+    implementation: the linear layers' matrix products are where the time goes.
     """
     stage.later = []
     for parent in list(stage.modules()):
@@ -295,14 +295,15 @@ def interleaved(stages: int, micro_batches: int, virtual: int = 2) -> list[list[
         raise ValueError(f"the interleaved schedule sends micro-batches in groups of {stages} (one per rank): "
                          f"micro_batches must be a multiple of {stages}, got {micro_batches}")
     out = []
+    total = micro_batches * virtual                          # forwards (and backwards) per rank
     for s in range(stages):
         def nth(k: int, kind: str) -> Action:
+            """Rank s's k-th forward (or backward)."""
             local = (k // stages) % virtual
             if kind == "B":
                 local = virtual - 1 - local
             return Action(kind, (k // (stages * virtual)) * stages + k % stages, local * stages + s)
 
-        total = micro_batches * virtual
         warmup = min(2 * (stages - 1 - s) + (virtual - 1) * stages, total)
         actions = [nth(k, "F") for k in range(warmup)]
         for k in range(total - warmup):
@@ -452,16 +453,22 @@ def simulate(schedule: list[list[Action]], forward: float = 1.0, backward: float
                 end = start + cost[action.kind] / virtual
                 finished[tuple(action)] = clock[r] = end
                 events[r].append(Event(r, lanes[r], _label(action, virtual), KINDS[action.kind], start, end))
-                in_flight[r] += 1 if action.kind == "F" else -1 if action.kind in ("B", "W") else 0
+                if action.kind == "F":
+                    in_flight[r] += 1
+                elif action.kind in ("B", "W"):                 # (after I, W still needs the inputs)
+                    in_flight[r] -= 1
                 peak[r] = max(peak[r], in_flight[r])
                 position[r] += 1
                 progressed = True
         if not progressed:
-            stuck = {r: f"{schedule[r][position[r]]} (chunk {schedule[r][position[r]].chunk}) waits for "
-                        + ", ".join(f"{k}{i} on chunk {c}" for k, i, c in dependencies(schedule[r][position[r]], chunks, split)
-                                    if (k, i, c) not in finished)
-                     for r in range(ranks) if position[r] < len(schedule[r])}
-            raise ValueError("the schedule deadlocks: " + "; ".join(f"rank {r}: {s}" for r, s in stuck.items()))
+            waiting = []
+            for r in range(ranks):
+                if position[r] < len(schedule[r]):
+                    action = schedule[r][position[r]]
+                    missing = [Action(*n) for n in dependencies(action, chunks, split) if n not in finished]
+                    waiting.append(f"rank {r}: {action} (chunk {action.chunk}) waits for "
+                                   + ", ".join(f"{n} on chunk {n.chunk}" for n in missing))
+            raise ValueError("the schedule deadlocks: " + "; ".join(waiting))
     length = max(clock)
     return Timeline(events, length, bubble_fraction(events), peak)
 
@@ -556,7 +563,7 @@ class Executor:
 
     def send(self, tensor: torch.Tensor, micro: int, to_chunk: int, what: str) -> None:
         dst = rank_of(to_chunk, self.ranks)
-        if dst == self.rank:                                  # the next chunk is on this rank (one rank only)
+        if dst == self.rank:                                  # the next chunk is on this rank (a 1-rank pipeline)
             self.local[(micro, to_chunk, what)] = tensor
             return
         tensor = tensor.contiguous()
@@ -676,6 +683,10 @@ def run_step(chunks: dict[int, Stage], schedule: list[list[Action]], batch, micr
                          f"build it with stages={ranks}")
     total = ranks * len(chunks)
     check_schedule(schedule, micro_batches, total)
+    split = any(a.kind in "IW" for actions in schedule for a in actions)
+    if split != any(stage.later is not None for stage in chunks.values()):
+        raise ValueError("a schedule with I and W actions needs stages built with zero_bubble=True, and only it"
+                         if split else "these stages defer their weight gradients: run a schedule with I and W actions")
     executor = Executor(chunks, total, batch, micro_batches, Tracer() if trace else None, delay, group)
     start = time.perf_counter()
     executor.run(schedule[rank])
@@ -774,7 +785,8 @@ def torch_pipeline_step(name: str, batch, micro_batches: int, seed: int = 0, **c
 def draw(events, ax=None, title: str = "", unit: str = "ms", labels: bool = True):
     """A Gantt chart of a pipelined step (measured, or modelled by :func:`simulate`).
 
-    One row per rank; F blue, B and I orange, W green; white is the bubble.
+    One row per rank; F blue, B and I orange, W green; white is the bubble. A modelled
+    timeline's times are in cost units: draw it with ``unit="s"``.
     """
     from distlab.trace import gantt
 
