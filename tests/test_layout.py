@@ -175,6 +175,21 @@ def test_predict_run_by_hand_for_tinygpt_at_dp2_tp2():
     assert fsdp["bytes"]["parameters"] == 4 * 69_056 // 2
 
 
+def test_predict_run_by_hand_for_a_pipeline_with_tensor_parallel_stages():
+    # pp2 x tp2, 8 sequences in 2 micro-batches of 4; float32 (4, 32, 64) activations of 32 KiB
+    activation = 4 * 4 * 32 * 64
+    first = layout.predict_run(TINY, Grid(pp=2, tp=2), 8, stage=0, micro_batches=2)
+    last = layout.predict_run(TINY, Grid(pp=2, tp=2), 8, stage=1, micro_batches=2)
+    # per micro-batch: 4 all-reduces in the stage's block, + the embedding's (first) or the head's (last)
+    assert first["sent"] == {"tp": 2 * 5 * activation, "pp": 2 * activation, "dp": 0}
+    logits = 4 * 4 * 32 * 256 // 2                            # my half of the vocabulary, gathered once
+    assert last["sent"] == {"tp": 2 * (5 * activation + logits), "pp": 2 * activation, "dp": 0}
+    block = (12 * 64 * 64 + 7 * 64) // 2 + 6 * 64
+    assert first["bytes"]["parameters"] == 4 * (block + 256 * 64 // 2 + 32 * 64)
+    assert last["bytes"]["parameters"] == 4 * (block + (256 * 64 + 256) // 2 + 2 * 64)
+    assert (TINY.tensors_on_rank(2, 0), TINY.tensors_on_rank(2, 1)) == (12 + 2, 12 + 4)
+
+
 def test_bad_input_raises_value_errors():
     with pytest.raises(ValueError, match="precision"):
         Training(8, precision="fp8")
@@ -194,4 +209,8 @@ def test_bad_input_raises_value_errors():
     with pytest.raises(ValueError, match="optimizer"):
         layout.predict_run(TINY, Grid(dp=2), 8, optimizer="lion")
     with pytest.raises(NotImplementedError):
-        layout.predict_run(TINY, Grid(pp=2), 8)
+        layout.predict_run(TINY, Grid(pp=2), 8, engine="torch")
+    with pytest.raises(ValueError, match="stage 2 is outside 0..1"):
+        layout.predict_run(TINY, Grid(pp=2), 8, stage=2)
+    with pytest.raises(ValueError, match="does not split into 3 micro-batches"):
+        layout.predict_run(TINY, Grid(pp=2), 8, micro_batches=3)

@@ -133,10 +133,18 @@ class Model:
     @property
     def tensors(self) -> int:
         """Number of parameter tensors (Adam keeps a step counter per tensor)."""
+        return self.tensors_on_rank()
+
+    def tensors_on_rank(self, pp: int = 1, stage: int = 0) -> int:
+        """Parameter tensors of pipeline ``stage``: its blocks', plus the embeddings' or the final norm's and head's."""
         b = int(self.biases)
-        per_block = 8 + 4 * b                                  # 2 norms x 2, 4 weights, 4 biases
-        head = 0 if self.tied else 1 + b
-        return self.layers * per_block + 1 + int(self.learned_positions) + 2 + head
+        count = (8 + 4 * b) * self.layers // pp                # per block: 2 norms x 2, 4 weights, 4 biases
+        if stage == 0:
+            count += 1 + int(self.learned_positions)
+        if stage == pp - 1:
+            head = 1 if self.tied and pp > 1 else 0 if self.tied else 1 + b
+            count += 2 + head
+        return count
 
     def params_on_rank(self, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
         """Parameters held by a rank of pipeline ``stage`` with ``tp``-way tensor parallelism."""
@@ -447,46 +455,66 @@ OPTIMIZER_BYTES = {"sgd": 0, "adamw": 8}
 4-byte step counter per parameter tensor)."""
 
 
-def predict_run(model: Model, grid: Grid, batch_size: int, optimizer: str = "sgd", engine: str = "distlab") -> dict:
-    """The bytes :func:`distlab.parallel3d.train` counts on each rank of ``grid``: exact, fp32.
+def predict_run(model: Model, grid: Grid, batch_size: int, optimizer: str = "sgd", engine: str = "distlab",
+                stage: int = 0, micro_batches: int = 2) -> dict:
+    """The bytes :func:`distlab.parallel3d.train` counts on a rank of pipeline ``stage``: exact, fp32.
 
-    ``batch_size`` is the global batch (sequences of ``model.seq`` tokens); ``engine="torch"``
-    predicts :func:`distlab.parallel3d.train_torch` (FSDP2 = ZeRO-3 over dp). Returns
+    ``batch_size`` is the global batch (sequences of ``model.seq`` tokens), cut into
+    ``micro_batches`` per pipeline when ``pp > 1``; ``engine="torch"`` predicts
+    :func:`distlab.parallel3d.train_torch` (FSDP2 = ZeRO-3 over dp, no pipeline). Returns
     ``{"bytes": {parameters, gradients, optimizer, total}, "sent": {"tp", "pp", "dp"}}``.
 
-    * distlab: parameters and gradients ``4 P_rank``; sent over tp ``(4L + 2)`` all-reduces
-      of the ``(b, s, h)`` activations plus 3 of ``(b, s)`` in the cross-entropy (see
-      :mod:`distlab.parallel3d`), over dp one all-reduce of ``4 P_rank``. Every collective's
-      bytes are rounded down, as :mod:`distlab.comm` does.
+    * distlab: parameters and gradients ``4 P_rank``. Sent over tp, per micro-batch of
+      ``(b, s, h)`` activations: four all-reduces per block; one more forward for the
+      vocab-parallel embedding (first stage) and one backward for the output layer (last
+      stage); then either the vocab-parallel cross-entropy's three all-reduces of ``(b, s)``
+      (no pipeline) or an all-gather of the ``(b, s, V/t)`` logits (last stage of a
+      pipeline). Over pp, one ``(b, s, h)`` activation per micro-batch to the next stage and
+      one gradient to the previous. Over dp, one all-reduce of ``4 P_rank``. Every
+      collective's bytes are rounded down, as :mod:`distlab.comm` does.
     * torch: every model state divided by dp (FSDP2 shards parameters along their first
       dimension; exact when dp divides each of them), and FSDP2 sends ZeRO-3's two
       all-gathers and one reduce-scatter except the second all-gather of the root module
       (embeddings, final norm, output layer), which it keeps from forward to backward. DTensor's
       TP collectives are not visible to :mod:`distlab.comm`: ``sent["tp"]`` is ``None``.
     """
-    if grid.pp > 1:
-        raise NotImplementedError("pipeline stages: predicted once distlab.pipeline joins the step")
     if optimizer not in OPTIMIZER_BYTES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_BYTES)}, got {optimizer!r}")
     if engine not in ("distlab", "torch"):
         raise ValueError(f"engine must be 'distlab' or 'torch', got {engine!r}")
-    dp, tp = grid.dp, grid.tp
-    b, s, h = batch_size // dp, model.seq, model.hidden
+    if engine == "torch" and grid.pp > 1:
+        raise NotImplementedError("torch's engine runs no pipeline (see distlab.parallel3d)")
+    dp, pp, tp = grid.dp, grid.pp, grid.tp
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage {stage} is outside 0..{pp - 1}")
     if batch_size % dp:
         raise ValueError(f"a batch of {batch_size} does not split over dp={dp}")
-    params = model.params_on_rank(tp)
-    steps = 4 * model.tensors if optimizer == "adamw" else 0
+    m = micro_batches if pp > 1 else 1
+    if (batch_size // dp) % m:
+        raise ValueError(f"a dp shard of {batch_size // dp} does not split into {m} micro-batches")
+    b, s, h = batch_size // dp // m, model.seq, model.hidden
+    first, last = stage == 0, stage == pp - 1
+    params = model.params_on_rank(tp, pp, stage)
+    tensors = model.tensors_on_rank(pp, stage)
     shard = dp if engine == "torch" else 1
     held = {"parameters": 4 * params // shard, "gradients": 4 * params // shard,
-            "optimizer": OPTIMIZER_BYTES[optimizer] * params // shard + steps}
+            "optimizer": OPTIMIZER_BYTES[optimizer] * params // shard + (4 * tensors if optimizer == "adamw" else 0)}
     held["total"] = sum(held.values())
 
     def ar(nbytes: int, n: int) -> int:
         return 2 * (n - 1) * nbytes // n
 
+    activation = 4 * b * s * h
     sent = {"tp": 0, "pp": 0, "dp": 0}
     if tp > 1:
-        sent["tp"] = (4 * model.layers + 2) * ar(4 * b * s * h, tp) + 3 * ar(4 * b * s, tp)
+        per_micro = (4 * model.layers // pp + first + last) * ar(activation, tp)
+        if pp == 1:
+            per_micro += 3 * ar(4 * b * s, tp)                      # the vocab-parallel cross-entropy
+        elif last:
+            per_micro += (tp - 1) * 4 * b * s * model.vocab // tp   # the logits' all-gather
+        sent["tp"] = m * per_micro
+    if pp > 1:
+        sent["pp"] = m * activation * ((not last) + (not first))
     if dp > 1:
         sent["dp"] = ar(4 * params, dp)
     if engine == "torch":
@@ -495,3 +523,4 @@ def predict_run(model: Model, grid: Grid, batch_size: int, optimizer: str = "sgd
         root = (tok + head) // tp + pos + norm
         sent = {"tp": None, "pp": 0, "dp": (dp - 1) * 4 * (3 * params - root) // dp if dp > 1 else 0}
     return {"bytes": held, "sent": sent}
+

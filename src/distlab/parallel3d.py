@@ -1,22 +1,27 @@
-"""The training step of 2D parallelism: tensor parallelism inside groups, data parallelism across them.
+"""The training step of 3D parallelism: tensor parallelism inside groups, pipelines across them, data parallelism around both.
 
-On a :class:`distlab.mesh.Grid` of ``dp x pp x tp`` ranks, one step nests two earlier chapters:
+On a :class:`distlab.mesh.Grid` of ``dp x pp x tp`` ranks, one step nests three earlier chapters:
 
-1. Each **tp group** holds one copy of the model with every matrix split ``tp`` ways
+1. Each **tp group** holds one copy of its layers with every matrix split ``tp`` ways
    (:func:`distlab.tensor_parallel.parallelize_gpt`, given the group's process group), and
    all its ranks run forward and backward on the *same* data: the activations' all-reduces
    stay inside the group (:func:`build_model`, :func:`loss_fn`).
-2. The ``dp`` copies train on different shards of the batch (:func:`my_batch`: the shard
-   is chosen by the dp coordinate, so the ranks of a tp group get the same one).
-3. After backward, each rank averages its gradients with the ranks that hold *the same
-   slice of the same weights*: its **dp group** (:func:`average_gradients`, one all-reduce
-   of one flat buffer, ``ReduceOp.AVG``).
+2. Each **pp group** runs one pipeline: its ranks hold consecutive stages of the model
+   (:func:`distlab.pipeline.split_gpt`) and pass micro-batches' activations forward and
+   their gradients back, point to point (:func:`forward_backward`, which hands the stage
+   to :func:`distlab.pipeline.run_step` with the pp group). The tp ranks of a stage each
+   talk to the rank of the next stage with the same tp coordinate.
+3. The ``dp`` copies of all that train on different shards of the batch (:func:`my_batch`:
+   the shard is chosen by the dp coordinate alone). After backward, each rank averages its
+   gradients with the ranks that hold *the same slice of the same weights*: its **dp
+   group** (:func:`average_gradients`, one all-reduce of one flat buffer, ``ReduceOp.AVG``).
 
 Why the result is exactly the single-process step: on each rank, tensor parallelism gives
-the exact slice of the gradient of its dp shard's mean loss (chapter 5); averaging the
-gradients of equal shards gives the gradient of the whole batch's mean loss (chapter 3).
-So every layout follows the single-process loss curve, up to float32 rounding
-(:func:`train` on the ranks, :func:`run_layouts` from a notebook, :func:`reference_losses`).
+the exact slice of the gradient of its dp shard's mean loss (chapter 5), and a pipeline the
+exact gradient of its stage's parameters (chapter 6); averaging the gradients of equal
+shards gives the gradient of the whole batch's mean loss (chapter 3). So every layout
+follows the single-process loss curve, up to float32 rounding (:func:`train` on the ranks,
+:func:`run_layouts` from a notebook, :func:`reference_losses`).
 
 Bytes each rank sends per step, with ``b`` sequences per dp shard, ``s`` tokens each, width
 ``h``, ``L`` blocks, ``P_local`` parameters on the rank and ``AR(S) = 2 (n-1)/n * S``
@@ -27,7 +32,11 @@ Bytes each rank sends per step, with ``b`` sequences per dp shard, ``s`` tokens 
   output layer; three of ``(b, s)`` for the vocab-parallel cross-entropy:
   ``(4L + 2) * AR(4bsh) + 3 * AR(4bs)`` over the tp group.
 * **dp**: ``AR(4 * P_local)`` over the dp group. With tensor parallelism ``P_local`` is about
-  ``P / tp``: each dp group averages a smaller slice.
+  ``P / tp``: each dp group averages a smaller slice (with pipelines, of its stage only).
+* **pp**: per micro-batch of ``b/m`` sequences, ``4 (b/m) s h`` bytes to the next stage
+  (unless last) and as many back to the previous one (unless first). Inside a pipeline the
+  last stage computes a plain cross-entropy, so a tensor-parallel output layer all-gathers
+  its logits there instead of the vocab-parallel loss's three small all-reduces.
 
 The same layout with torch's own tools (:func:`train_torch`): DTensor tensor parallelism
 (``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel`` per block, as in
@@ -38,12 +47,11 @@ Megatron stores the fused weight *interleaved* (each rank's heads' q, k, v rows 
 side) so that a contiguous split is right; :func:`interleave_qkv` does the same here, and
 :class:`HeadShardedAttention` runs on whatever heads its rank holds.
 
-Pipeline parallelism plugs in at :func:`forward_backward`: a stage builds only its blocks and
-a schedule runs micro-batches through the pp group (:class:`distlab.mesh.ProcessGrid` knows
-the previous and next stage). Until then, a grid with ``pp > 1`` raises
-``NotImplementedError``. ZeRO over a dp *subgroup* is torch's FSDP2 path here:
-:mod:`distlab.zero` shards over all ranks, not over a group. Kept out: sequence
-parallelism (:mod:`distlab.tensor_parallel` has it; the bytes are the same), mixed precision.
+Torch's path has no pipeline here (``pp > 1`` raises ``NotImplementedError``;
+:func:`distlab.pipeline.torch_pipeline_step` shows ``torch.distributed.pipelining`` alone).
+ZeRO over a dp *subgroup* is torch's FSDP2 path: :mod:`distlab.zero` shards over all ranks,
+not over a group. Kept out: sequence parallelism (:mod:`distlab.tensor_parallel` has it;
+the bytes are the same), interleaved stages, mixed precision.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distlab import comm, memory, models, tensor_parallel
+from distlab import comm, memory, models, pipeline, tensor_parallel
 from distlab.mesh import Grid, ProcessGrid, device_mesh
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
@@ -66,10 +74,19 @@ OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
 # -- the pieces of a step (from-scratch version) ---------------------------------------------------
 
 def build_model(reference: models.TinyGPT, pg: ProcessGrid) -> nn.Module:
-    """My tp group's model: ``reference`` sliced ``tp`` ways, or the plain model when ``tp == 1``."""
-    if pg.size("tp") == 1:
-        return reference
-    return tensor_parallel.parallelize_gpt(reference, group=pg.group("tp"))
+    """What this rank trains: ``reference`` sliced ``tp`` ways (unless ``tp == 1``), then cut to my pipeline stage.
+
+    With ``pp > 1`` the result is a :class:`distlab.pipeline.Stage`: only my stage's modules,
+    under the reference's parameter names. Its output layer then gathers the vocab-sharded
+    logits, for the pipeline's plain cross-entropy.
+    """
+    model = reference
+    if pg.size("tp") > 1:
+        model = tensor_parallel.parallelize_gpt(reference, group=pg.group("tp"))
+        model.head.gather_output = pg.size("pp") > 1
+    if pg.size("pp") == 1:
+        return model
+    return pipeline.split_gpt(model, pg.size("pp"))[pg.rank_in("pp")]
 
 
 def loss_fn(model: nn.Module, batch) -> torch.Tensor:
@@ -84,13 +101,22 @@ def my_batch(batch, pg: ProcessGrid):
     return models.shard(batch, pg.rank_in("dp"), pg.size("dp"))
 
 
-def forward_backward(model: nn.Module, batch, pg: ProcessGrid) -> torch.Tensor:
-    """Forward and backward of my shard; returns the loss. Pipeline schedules replace this."""
-    if pg.size("pp") > 1:
-        raise NotImplementedError("pp > 1: a pipeline schedule (distlab.pipeline) runs the micro-batches here")
-    loss = loss_fn(model, batch)
-    loss.backward()
-    return loss
+def forward_backward(model: nn.Module, batch, pg: ProcessGrid, micro_batches: int = 2,
+                     schedule: str = "1f1b") -> float | None:
+    """Forward and backward of my dp shard; returns its mean loss (``None`` on a stage that has none).
+
+    Without pipelining: the loss, then backward. With it: my stage runs its part of
+    ``schedule`` over ``micro_batches`` micro-batches in my pp group; only the last stage
+    sees the loss.
+    """
+    if pg.size("pp") == 1:
+        loss = loss_fn(model, batch)
+        loss.backward()
+        return loss.item()
+    stages = pg.size("pp")
+    result = pipeline.run_step({pg.rank_in("pp"): model}, pipeline.make_schedule(schedule, stages, micro_batches),
+                               batch, micro_batches, trace=False, group=pg.group("pp"))
+    return result.loss
 
 
 def average_gradients(model: nn.Module, group) -> None:
@@ -110,8 +136,15 @@ def average_gradients(model: nn.Module, group) -> None:
 
 # -- a training run on the ranks ------------------------------------------------------------------
 
+def _full_batch_loss(loss: float | None, pg: ProcessGrid) -> float:
+    """The whole batch's loss on every rank: from the last stage, averaged over dp (bookkeeping, not algorithm)."""
+    t = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64)
+    dist.all_reduce(t, group=pg.group("pp"))                       # only the last stage adds a loss
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, group=pg.group("dp"))
+    return t.item()
+
+
 def _global_mean(value: float, group) -> float:
-    """Mean of ``value`` over ``group`` (bookkeeping for the loss curve; not part of the algorithm)."""
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
     return t.item()
@@ -128,11 +161,13 @@ def _counts(log) -> dict[str, int]:
 
 
 def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, optimizer: str = "sgd",
-          seed: int = 0, config: dict | None = None, keep_gradients: bool = False) -> dict:
+          seed: int = 0, config: dict | None = None, keep_gradients: bool = False, micro_batches: int = 2,
+          schedule: str = "1f1b") -> dict:
     """Train TinyGPT on ``grid`` for ``steps`` steps (on every rank); return what happened on this rank.
 
     Step ``i`` uses the global batch ``models.example_batch("gpt", batch_size, seed=i)``, of which
-    each dp group takes its shard. Returns a dict with:
+    each dp group takes its shard; pipelines cut their shard into ``micro_batches`` and run
+    ``schedule`` (a name in :data:`distlab.pipeline.SCHEDULES`). Returns a dict with:
 
     * ``coords``: my grid coordinates;
     * ``losses``: the full-batch loss before each step (the mean of the dp shards' losses);
@@ -142,8 +177,9 @@ def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, opti
       forward/backward collectives are the tp group's, p2p ops the pp group's, the gradient
       average the dp group's;
     * ``calls``: the same calls counted by op, per axis;
-    * with ``keep_gradients``, ``gradients`` (my averaged gradient slices after the first step)
-      and ``expected`` (the same slices of the single-process full-batch gradient).
+    * with ``keep_gradients``, ``gradients`` (my averaged gradient slices after the first step,
+      of my stage's parameters) and ``expected`` (the same slices of the single-process
+      full-batch gradient).
     """
     config = dict(config or {})
     pg = ProcessGrid(grid)
@@ -157,14 +193,14 @@ def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, opti
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with comm.record() as compute:
-            loss = forward_backward(model, my_batch(batch, pg), pg)
+            loss = forward_backward(model, my_batch(batch, pg), pg, micro_batches, schedule)
         with comm.record() as sync:
             average_gradients(model, pg.group("dp"))
         if step == 0 and keep_gradients:
             out["gradients"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         out["seconds"].append(_slowest(time.perf_counter() - start))
-        out["losses"].append(_global_mean(loss.item(), pg.group("dp")))
+        out["losses"].append(_full_batch_loss(loss, pg))
     p2p = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
     by_axis = {"tp": [c for c in compute if c.op not in p2p], "pp": [c for c in compute if c.op in p2p],
                "dp": list(sync)}
@@ -173,8 +209,8 @@ def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, opti
     out["bytes"] = memory.model_state_bytes(model, opt)
     if keep_gradients:
         full = models.reference_gradients(reference, models.example_batch("gpt", batch_size, seed=0, **config))
-        out["expected"] = tensor_parallel.shard_like(model, full) if isinstance(
-            model, tensor_parallel.ParallelGPT) else full
+        sliced = tensor_parallel.shard_like(model, full) if pg.size("tp") > 1 else full
+        out["expected"] = {name: sliced[name] for name, _ in model.named_parameters()}
     return out
 
 
