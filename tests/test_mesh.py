@@ -296,3 +296,21 @@ def test_adamw_state_and_its_step_counters_are_predicted_exactly(results, n):
 def test_torch_engine_says_it_runs_no_pipeline(results, n):
     for out in results[n][1]:
         assert "pipelining" in out["torch_pp"]
+
+
+@pytest.mark.slow
+def test_all_three_axes_dp2_pp2_tp2_on_8_ranks():
+    """The full 3D layout (one cold 8-rank launch: ~40 s on 2 busy cores, hence marked slow)."""
+    grid = Grid(dp=2, pp=2, tp=2)
+    run = parallel3d.run_layouts({"3d": grid}, 8, steps=STEPS, lr=LR, batch_size=BATCH, keep_gradients=True,
+                                 micro_batches=MICRO, timeout=240)["3d"]
+    reference = parallel3d.reference_losses(steps=STEPS, lr=LR, batch_size=BATCH)
+    tiny = layout.Model.from_config(models.GPTConfig())
+    for rank, out in enumerate(run.ranks):
+        assert out["coords"] == grid.coords(rank)
+        checks.assert_gradients_match([out["gradients"]], out["expected"])
+        checks.assert_tensor_close(torch.tensor(out["losses"]), torch.tensor(reference), f"loss curve on rank {rank}",
+                                   rtol=1e-5, atol_scale=1e-5)
+        predicted = layout.predict_run(tiny, grid, BATCH, stage=grid.coords(rank)["pp"], micro_batches=MICRO)
+        assert (out["bytes"], out["sent"]) == (predicted["bytes"], predicted["sent"]), rank
+        assert set(out["calls"]) == {"tp", "pp", "dp"} and all(out["calls"].values()), rank   # every axis talks
