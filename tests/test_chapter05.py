@@ -1,0 +1,249 @@
+"""Chapter 5's exercise: the references are switched off, and plausible wrong answers lose points.
+
+The general gates (release equals notebooks/, no solution in the release, solution full marks,
+blank release zero, time bound) run for every assignment in tests/test_grading.py; here are
+the chapter's own.
+
+Torch's DTensor tensor parallelism cannot be switched off as one module: the first AdamW step
+imports torch._dynamo, which imports FSDP internals, which import
+``torch.distributed.nn.functional`` and ``torch.distributed.tensor``. So the exercise forbids
+``torch.distributed.tensor.parallel`` (nothing imports it) as a module, and ``DTensor``,
+``distribute_tensor``, ``distribute_module`` and the differentiable collectives one by one;
+the test below checks that each road raises and that training still works.
+
+Seen to fail for the intended reason (each against the visible tests, while writing them): a
+column-parallel layer holding the full weight (its parameters), ``CopyToRegion`` without the
+backward all-reduce (the input gradient), ``ReduceFromRegion`` with an all-reduce backward too
+(the input gradient), a row-parallel layer without the forward all-reduce or adding its bias
+before the sum (the output), an MLP block with a fresh LayerNorm (the output) or one that
+all-gathers the hidden activation (the communication), a cross-entropy that gathers the logits
+(the largest tensor), that does not subtract the maximum (NaN with large logits) or that
+subtracts each rank's own maximum (the loss).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import distlab
+from grading_support import REPO, Course, fresh_dir, notebook_cells
+
+SLUG = "05-tensor-parallel"
+SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
+
+
+def forbidden_list() -> list[str]:
+    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
+
+
+def cells() -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
+            if c.metadata.get("nbgrader", {}).get("grade_id")}
+
+
+def test_the_references_dtensor_tp_and_differentiable_collectives_are_forbidden_in_metadata_and_setup():
+    forbidden = set(forbidden_list())
+    assert {"distlab.tensor_parallel", "distlab.dtensor_tp", "torch.distributed.tensor.parallel",
+            "torch.distributed.tensor.DTensor", "torch.distributed.tensor.distribute_tensor",
+            "torch.distributed.nn.functional.all_reduce", "torch.distributed.nn.functional._AllReduce"} <= forbidden
+    setup = cells()["setup"]
+    assert all(f'"{name}"' in setup for name in forbidden), "the setup cell's FORBIDDEN must match the metadata"
+    assert setup.count('"torch.') + setup.count('"distlab.') == len(forbidden), "FORBIDDEN names more than the metadata"
+
+
+def try_forbidden(forbidden):
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from distlab import comm, models
+    from distlab.guard import ForbiddenError, forbid
+
+    forbid(*forbidden)
+    mod = importlib.import_module
+    linear = torch.nn.Linear(4, 4)
+    verdicts = {}
+    for name, call in {
+        "distlab.tensor_parallel": lambda: __import__("distlab.tensor_parallel").tensor_parallel.ColumnParallelLinear(4, 4),
+        "import distlab.tensor_parallel": lambda: mod("distlab.tensor_parallel").copy_to_parallel_region,
+        "distlab.dtensor_tp": lambda: mod("distlab.dtensor_tp").parallelize,
+        "parallelize_module": lambda: mod("torch.distributed.tensor.parallel").parallelize_module(linear, None, {}),
+        "ColwiseParallel": lambda: mod("torch.distributed.tensor.parallel").ColwiseParallel(),
+        "RowwiseParallel (defining module)": lambda: mod("torch.distributed.tensor.parallel.style").RowwiseParallel(),
+        "loss_parallel": lambda: mod("torch.distributed.tensor.parallel.loss").loss_parallel(),
+        "distribute_tensor": lambda: mod("torch.distributed.tensor").distribute_tensor(torch.ones(4), None),
+        "distribute_tensor (defining module)": lambda: mod("torch.distributed.tensor._api").distribute_tensor(
+            torch.ones(4), None),
+        "distribute_module": lambda: mod("torch.distributed.tensor").distribute_module(linear, None),
+        "DTensor.from_local": lambda: mod("torch.distributed.tensor").DTensor.from_local(torch.ones(4), None),
+        "DTensor (defining module)": lambda: mod("torch.distributed.tensor._api").DTensor.from_local(torch.ones(4)),
+        "nn.functional.all_reduce": lambda: mod("torch.distributed.nn.functional").all_reduce(torch.ones(2)),
+        "torch.distributed.nn.all_reduce": lambda: mod("torch.distributed.nn").all_reduce(torch.ones(2)),
+        "_AllReduce.apply": lambda: mod("torch.distributed.nn.functional")._AllReduce.apply(
+            dist.ReduceOp.SUM, dist.group.WORLD, torch.ones(2)),
+        "nn.functional.all_gather": lambda: mod("torch.distributed.nn.functional").all_gather(torch.ones(2)),
+        "nn.functional.reduce_scatter": lambda: mod("torch.distributed.nn.functional").reduce_scatter(
+            torch.ones(2), [torch.ones(2)] * dist.get_world_size()),
+    }.items():
+        try:
+            call()
+            verdicts[name] = "allowed"
+        except ForbiddenError:
+            verdicts[name] = "ForbiddenError"
+        except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict
+            verdicts[name] = f"{type(error).__name__}: {error}"
+
+    # and what the exercise is built from still works: a training step with AdamW (whose first
+    # use imports torch._dynamo and through it FSDP and torch.distributed.nn internals), an
+    # autograd Function that all-reduces backward, MAX and SUM all-reduces, an all-gather, the
+    # memory probe (a TorchDispatchMode) and the comm log
+    model = models.build("gpt", seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    models.loss_fn(model, models.example_batch("gpt", 2)).backward()
+    opt.step()
+
+    class Copy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            dist.all_reduce(grad)
+            return grad
+
+    class Probe(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Probe.largest = max([Probe.largest] + [t.numel() for t in (out if isinstance(out, (list, tuple)) else [out])
+                                                   if isinstance(t, torch.Tensor)])
+            return out
+
+    x = torch.ones(3, requires_grad=True)
+    with Probe(), comm.record() as log:
+        Copy.apply(x).sum().backward()
+        biggest = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(biggest, op=dist.ReduceOp.MAX)
+        parts = [torch.empty(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, biggest)
+    return (verdicts, bool(torch.isfinite(model.head.weight).all()), x.grad.tolist(), biggest.item(),
+            [c.op for c in log], Probe.largest)
+
+
+def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
+    for verdicts, trained, grad, biggest, calls, largest in distlab.run(try_forbidden, forbidden_list(), nprocs=2):
+        assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
+        assert trained and grad == [2.0] * 3 and biggest == 1.0
+        assert calls == ["all_reduce", "all_reduce", "all_gather"] and largest == 3
+
+
+def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
+    found = cells()
+    for task in ("task1-tests", "task2-tests", "task3-tests"):
+        visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
+        assert "nprocs=2" in visible and "nprocs=4" in hidden, task
+        assert "nprocs=1" not in found[task] and "nprocs=3" not in found[task], task
+        assert "grading_seed()" in hidden, task
+        assert "forbidden=FORBIDDEN" in found["setup"] and "on_ranks(" in found[task], task
+    for question in "abcd":
+        assert "### BEGIN HIDDEN TESTS" in found[f"concept-{question}-tests"], question
+
+
+BIAS_BEFORE_THE_SUM = (  # the solution's row-parallel forward, with the bias added on every rank
+    "        partial = F.linear(x, self.weight)\n        return reduce_from_region(partial) + self.bias\n",
+    "        return reduce_from_region(F.linear(x, self.weight, self.bias))   # N biases summed\n")
+
+GATHERED_HIDDEN = '''
+class GatherHidden(torch.autograd.Function):
+    """All-gather along the features forward; this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, h):
+        size, rank = world()
+        parts = [torch.empty_like(h) for _ in range(size)]
+        dist.all_gather(parts, h.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        size, rank = world()
+        return grad.chunk(size, dim=-1)[rank].contiguous()
+
+
+class ParallelMLPBlock(nn.Module):
+    """Right numbers, but the hidden activation is all-gathered before fc2 takes its slice of it."""
+
+    def __init__(self, block):
+        super().__init__()
+        size, rank = world()
+        self.norm = copy.deepcopy(block.norm)
+        self.fc1 = ColumnParallelLinear(block.fc1)
+        self.fc2 = nn.Linear(block.fc2.in_features // size, block.fc2.out_features)
+        with torch.no_grad():
+            self.fc2.weight.copy_(block.fc2.weight.chunk(size, dim=1)[rank])
+            self.fc2.bias.copy_(block.fc2.bias)
+
+    def forward(self, x):
+        size, rank = world()
+        hidden = GatherHidden.apply(F.gelu(self.fc1(self.norm(x))))
+        partial = F.linear(hidden.chunk(size, dim=-1)[rank], self.fc2.weight)
+        return x + reduce_from_region(partial) + self.fc2.bias
+'''
+
+GATHERED_LOGITS = '''
+class GatherVocab(torch.autograd.Function):
+    """All-gather along the vocabulary forward; this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, z):
+        size, rank = world()
+        parts = [torch.empty_like(z) for _ in range(size)]
+        dist.all_gather(parts, z.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        size, rank = world()
+        return grad.chunk(size, dim=-1)[rank].contiguous()
+
+
+def vocab_parallel_cross_entropy(local_logits, targets):
+    """Right loss and gradients, but every rank holds the full logits."""
+    full = GatherVocab.apply(local_logits)
+    per_token = F.cross_entropy(full.reshape(-1, full.shape[-1]), targets.reshape(-1), reduction="none")
+    return per_token.reshape(targets.shape)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
+    from test_grading import _answers_from, _with_answers
+
+    solution = _answers_from(SOLUTION)
+    old, new = BIAS_BEFORE_THE_SUM
+    assert old in solution["task1-answer"], "the solution's row-parallel forward changed: update this test"
+    course = Course(tmp_path / "work")
+    release = course.release(SLUG)
+    incoming = fresh_dir(tmp_path / "incoming")
+    answers = {**solution, "task1-answer": solution["task1-answer"].replace(old, new),
+               "task2-answer": GATHERED_HIDDEN, "task3-answer": GATHERED_LOGITS}
+    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
+    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
+    assert proc.returncode == 0, course.log
+    scores = course.scores(SLUG)["plausible"]
+    assert scores["task1-tests"] == 0.0, "a row-parallel layer adding its bias on every rank was not caught"
+    assert scores["task2-tests"] == 0.0, "an MLP block that all-gathers its hidden activation was not caught"
+    assert scores["task3-tests"] == 0.0, "a cross-entropy that gathers the full logits was not caught"
+    assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
+    feedback = "".join(p.read_text() for p in (course.work / "autograded").rglob("*.ipynb"))
+    for reason in ("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
+                   "exactly one all_reduce forward per block", "as large as the full logits"):
+        assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
