@@ -62,13 +62,14 @@ The loss is the mean over the *full* batch: each micro-batch's mean loss is divi
 the gradients of the ``m`` backwards add up in ``.grad``, so after a step they equal the
 single-process full-batch gradients (up to float32 rounding).
 
-Communication. A rank receives right before it needs a tensor: ``irecv`` into a buffer of the
-known shape (micro-batch x sequence x width) and ``wait``. It sends with ``isend`` and waits for
-its sends only at the end of the step: in 1F1B's steady phase two neighbours send to each other
-at the same moment (an activation one way, a gradient the other), and two blocking sends would
-wait for each other forever. Every message carries a tag naming its micro-batch, chunk and
-direction, so it can never be taken for another. (Not ``batch_isend_irecv``: gloo's batched
-point-to-point has a history of hangs in pipelining code.)
+Communication. Receives are posted one action ahead: before running an action, a rank posts the
+``irecv`` for the next action's input (into a buffer of the known shape, micro-batch x sequence
+x width), so the message can arrive while it computes, and ``wait`` s for it right before it is
+needed. Sends are ``isend`` s waited for only at the end of the step: in 1F1B's steady phase two
+neighbours send to each other at the same moment (an activation one way, a gradient the other),
+and two blocking sends would wait for each other forever. Every message carries a tag naming its
+micro-batch, chunk and direction, so it can never be taken for another. (Not
+``batch_isend_irecv``: gloo's batched point-to-point has a history of hangs in pipelining code.)
 
 Measured and modelled. :func:`simulate` is a *model*: every F costs ``forward``, every B
 ``backward + weight``, etc., and messages are free. :func:`train_step` *measures*: each action is
@@ -81,10 +82,11 @@ an interleaved schedule): sleeping needs no core, so the measured timeline then 
 schedule's shape, with real messages and real waiting, as a GPU cluster would. Say which one a
 figure uses.
 
-Kept out, to stay readable: combining with data or tensor parallelism (chapter 7), activation
-checkpointing, overlapping the messages with compute, stages of unequal size, tied embeddings,
-and the V-shaped schedules (ZB-V, DualPipe-V), which :func:`torch_pipeline_step` runs through
-torch.
+Kept out, to stay readable: combining with data or tensor parallelism (chapter 7; ``group=``
+runs a pipeline inside a process group for that), activation checkpointing, any overlap of
+messages with compute beyond receiving one action ahead, stages of unequal size, tied
+embeddings, and the V-shaped schedules (ZB-V, DualPipe-V), which :func:`torch_pipeline_step`
+runs through torch.
 """
 
 from __future__ import annotations
@@ -526,8 +528,8 @@ class Executor:
 
     ``chunks``: ``{chunk index: Stage}`` held by this rank. The state it keeps between actions:
     ``saved`` (a micro-batch's stage input and output, from its F until its backward),
-    ``weight_jobs`` (a zero-bubble stage's W work, from its I until its W), and the sends not yet
-    waited for. It counts the micro-batch chunks in flight and the bytes of activations they
+    ``weight_jobs`` (a zero-bubble stage's W work, from its I until its W), the receives posted
+    ahead (``posted``) and the sends not yet waited for. It counts the micro-batch chunks in flight and the bytes of activations they
     keep (counted with :func:`distlab.memory.saved_activation_bytes`, plus the received input),
     with their peaks.
     """
@@ -543,13 +545,15 @@ class Executor:
         self.virtual = total_chunks // self.ranks
         self.tracer, self.delay = tracer, delay
         self.lane = lane_name(self.rank, self.ranks, total_chunks)
-        self.saved, self.weight_jobs, self.sends, self.local = {}, {}, [], {}
+        self.saved, self.weight_jobs, self.sends, self.local, self.posted = {}, {}, [], {}, {}
         self.loss = None
         self.in_flight = self.peak_in_flight = 0
         self.live_bytes = self.peak_bytes = 0
 
     def run(self, actions: list[Action]) -> None:
-        for action in actions:
+        for k, action in enumerate(actions):
+            if k + 1 < len(actions):                          # the next action's input may arrive meanwhile
+                self.post_receive(actions[k + 1])
             {"F": self.forward, "B": self.backward, "I": self.backward, "W": self.weight}[action.kind](action)
         for work, _tensor in self.sends:                      # every message has left before the step ends
             work.wait()
@@ -570,12 +574,28 @@ class Executor:
         work = dist.isend(tensor, self._global(dst), group=self.group, tag=self._tag(micro, to_chunk, what))
         self.sends.append((work, tensor))
 
+    def post_receive(self, action: Action) -> None:
+        """Start receiving what ``action`` will need from another rank (if anything), without waiting."""
+        stage = self.chunks[action.chunk]
+        if action.kind == "F" and not stage.first:
+            what, src_chunk = "activation", action.chunk - 1
+        elif action.kind in "BI" and not stage.last:
+            what, src_chunk = "gradient", action.chunk + 1
+        else:
+            return
+        key, src = (action.micro, action.chunk, what), rank_of(src_chunk, self.ranks)
+        if src != self.rank and key not in self.posted:
+            buffer = torch.empty(self.shape)
+            work = dist.irecv(buffer, self._global(src), group=self.group, tag=self._tag(*key))
+            self.posted[key] = (work, buffer)
+
     def receive(self, micro: int, chunk: int, what: str) -> torch.Tensor:
         src = rank_of(chunk - 1 if what == "activation" else chunk + 1, self.ranks)
         if src == self.rank:
             return self.local.pop((micro, chunk, what))
-        buffer = torch.empty(self.shape)
-        dist.irecv(buffer, self._global(src), group=self.group, tag=self._tag(micro, chunk, what)).wait()
+        self.post_receive(Action("F" if what == "activation" else "B", micro, chunk))
+        work, buffer = self.posted.pop((micro, chunk, what))
+        work.wait()
         return buffer
 
     def _global(self, rank: int) -> int:
