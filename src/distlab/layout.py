@@ -22,14 +22,16 @@ micro-batches per step per pipeline, vocabulary ``V``):
   Transformer Models", Table 2), bytes per layer per micro-batch in 16-bit:
   ``s b h (34 + 5 a s / h)`` without TP; ``s b h (10 + 24/t + 5 a s / (h t))`` with TP;
   ``s b h / t (34 + 5 a s / h)`` with TP and sequence parallelism; ``34 s b h / t`` with
-  selective recomputation (and SP); ``2 s b h`` (``/ t`` with SP) with full recomputation. A
+  selective recomputation (and SP; ``s b h (10 + 24/t)`` without); ``2 s b h`` with full
+  recomputation (the layer's input only; ``/ t`` with SP, where that input is a sequence
+  shard, our addition to the table). A
   1F1B pipeline stage ``i`` holds ``min(m, pp - i)`` micro-batches in flight (Narayanan et al.,
   2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
   §2.2), so the first stage holds ``L`` layers' worth whatever ``pp``. The embedding and the
   output layer add a few percent, left out; fp32 is counted as twice the 16-bit figure (rough).
 * **TP communication**: per layer and micro-batch, two all-reduces of the ``(s, b, h)``
-  activations forward and two backward (Megatron-LM §3; three forward with full
-  recomputation); an all-reduce of ``S`` bytes sends ``2 (t-1)/t S`` per rank. Sequence
+  activations forward and two backward (Megatron-LM §3; two more with full recomputation,
+  whose forward runs again); an all-reduce of ``S`` bytes sends ``2 (t-1)/t S`` per rank. Sequence
   parallelism swaps each all-reduce for an all-gather and a reduce-scatter: the same bytes.
 * **PP communication**: per micro-batch, a stage sends its output activation ``s b h`` to
   the next stage and its input gradient to the previous one (Narayanan et al., 2021, §2.2).
@@ -376,7 +378,7 @@ class Recommendation:
 
 
 def recommend(model: Model, cluster: Cluster, training: Training, slow: float = 0.2) -> Recommendation:
-    """The usual procedure (the Ultra-Scale Playbook's, after Narayanan et al., 2021, §3.3):
+    """The usual procedure (the Ultra-Scale Playbook's; Narayanan et al., 2021, takeaways 1 and 2):
 
     1. **data parallelism** over all GPUs, with the lowest ZeRO stage that fits;
     2. if nothing fits, or it is too slow (more than ``slow`` of the step is not useful

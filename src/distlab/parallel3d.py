@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -156,10 +157,6 @@ def _slowest(seconds: float) -> float:
     return t.item()
 
 
-def _counts(log) -> dict[str, int]:
-    return dict(log.counts())
-
-
 def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, optimizer: str = "sgd",
           seed: int = 0, config: dict | None = None, keep_gradients: bool = False, micro_batches: int = 2,
           schedule: str = "1f1b") -> dict:
@@ -205,7 +202,7 @@ def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, opti
     by_axis = {"tp": [c for c in compute if c.op not in p2p], "pp": [c for c in compute if c.op in p2p],
                "dp": list(sync)}
     out["sent"] = {axis: sum(c.sent for c in calls) for axis, calls in by_axis.items()}
-    out["calls"] = {axis: _counts(comm.CommLog(calls)) for axis, calls in by_axis.items()}
+    out["calls"] = {axis: dict(comm.CommLog(calls).counts()) for axis, calls in by_axis.items()}
     out["bytes"] = memory.model_state_bytes(model, opt)
     if keep_gradients:
         full = models.reference_gradients(reference, models.example_batch("gpt", batch_size, seed=0, **config))
@@ -301,14 +298,32 @@ def train_torch(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8
     ``CommDebugMode``'s count of every collective, TP's included. ``gradients`` and
     ``expected`` are full tensors (``DTensor.full_tensor()``), with ``qkv`` rows interleaved.
     """
+    if grid.pp > 1:
+        raise NotImplementedError("pp > 1 with torch's tools: torch.distributed.pipelining would plug in here")
+    with _quiet():
+        return _train_torch(grid, steps, lr, batch_size, optimizer, seed, dict(config or {}), keep_gradients)
+
+
+@contextmanager
+def _quiet():
+    """Silence advice of FSDP2 and DTensor that does not apply here (view outputs, hooks, strided gathers)."""
+    import logging
     import warnings
 
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(FSDP2-wrapped module|Full backward hook).*")
+        logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+
+
+def _train_torch(grid, steps, lr, batch_size, optimizer, seed, config, keep_gradients) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
-    if grid.pp > 1:
-        raise NotImplementedError("pp > 1 with torch's tools: torch.distributed.pipelining plugs in here")
-    config = dict(config or {})
-    warnings.filterwarnings("ignore", message=".*(FSDP2-wrapped module|Full backward hook).*")
     mesh = device_mesh(grid)
     tp, dp, dp_rank = grid.tp, grid.dp, mesh["dp"].get_local_rank()
     model = torch_parallelize(models.build("gpt", seed=seed, **config), mesh)
