@@ -478,7 +478,8 @@ def predict_run(model: Model, grid: Grid, batch_size: int, optimizer: str = "sgd
       dimension; exact when dp divides each of them), and FSDP2 sends ZeRO-3's two
       all-gathers and one reduce-scatter except the second all-gather of the root module
       (embeddings, final norm, output layer), which it keeps from forward to backward. DTensor's
-      TP collectives are not visible to :mod:`distlab.comm`: ``sent["tp"]`` is ``None``.
+      TP collectives are not visible to :mod:`distlab.comm`: ``sent["tp"]`` is ``None``. With
+      TP, q, k and v are three layers there: two more tensors (AdamW step counters) per fused one.
     """
     if optimizer not in OPTIMIZER_BYTES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_BYTES)}, got {optimizer!r}")
@@ -498,6 +499,8 @@ def predict_run(model: Model, grid: Grid, batch_size: int, optimizer: str = "sgd
     first, last = stage == 0, stage == pp - 1
     params = model.params_on_rank(tp, pp, stage)
     tensors = model.tensors_on_rank(pp, stage)
+    if engine == "torch" and tp > 1:           # distlab.dtensor_tp splits qkv into q, k and v layers
+        tensors += 2 * (1 + int(model.biases)) * model.layers
     shard = dp if engine == "torch" else 1
     held = {"parameters": 4 * params // shard, "gradients": 4 * params // shard,
             "optimizer": OPTIMIZER_BYTES[optimizer] * params // shard + (4 * tensors if optimizer == "adamw" else 0)}

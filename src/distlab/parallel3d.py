@@ -39,13 +39,9 @@ Bytes each rank sends per step, with ``b`` sequences per dp shard, ``s`` tokens 
   its logits there instead of the vocab-parallel loss's three small all-reduces.
 
 The same layout with torch's own tools (:func:`train_torch`): DTensor tensor parallelism
-(``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel`` per block, as in
-torchtitan) on the ``tp`` sub-mesh, and FSDP2 (``fully_shard``, ZeRO-3) over the ``dp``
-sub-mesh. TinyGPT's attention computes q, k and v in one fused matrix; ``ColwiseParallel``
-gives rank ``r`` a contiguous ``1/tp`` of its rows, which would be all of ``q`` for rank 0.
-Megatron stores the fused weight *interleaved* (each rank's heads' q, k, v rows side by
-side) so that a contiguous split is right; :func:`interleave_qkv` does the same here, and
-:class:`HeadShardedAttention` runs on whatever heads its rank holds.
+(:func:`distlab.dtensor_tp.parallelize`, chapter 5's plan: ``ColwiseParallel`` /
+``RowwiseParallel`` per block, q, k and v as three layers) on the ``tp`` sub-mesh, then FSDP2
+(``fully_shard``, ZeRO-3) over the ``dp`` sub-mesh: torchtitan's "FSDP + TP".
 
 Torch's path has no pipeline here (``pp > 1`` raises ``NotImplementedError``;
 :func:`distlab.pipeline.torch_pipeline_step` shows ``torch.distributed.pipelining`` alone).
@@ -64,7 +60,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from distlab import comm, memory, models, pipeline, tensor_parallel
 from distlab.mesh import Grid, ProcessGrid, device_mesh
@@ -213,61 +208,21 @@ def train(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, opti
 
 # -- the same with torch's tools: DTensor TP + FSDP2 -----------------------------------------------
 
-def interleave_qkv(t: torch.Tensor, tp: int) -> torch.Tensor:
-    """Reorder a fused ``[q; k; v]`` weight's (or bias's) rows to ``[q_0; k_0; v_0; q_1; k_1; v_1; ...]``.
-
-    ``q_r`` are the rows of rank ``r``'s heads. A contiguous ``1/tp`` of the result, which is
-    what ``ColwiseParallel`` gives rank ``r``, is then exactly its heads' q, k and v.
-    """
-    return t.unflatten(0, (3, tp, -1)).transpose(0, 1).flatten(0, 2)
-
-
-class HeadShardedAttention(nn.Module):
-    """TinyGPT's attention for a rank that holds some of the heads, their q, k, v side by side.
-
-    Same parameters (``qkv``, ``proj``) as :class:`distlab.models.CausalSelfAttention`; the
-    number of heads is read from the size of ``qkv``'s (local) output, so the module works
-    on a full or a head-sharded ``qkv`` alike.
-    """
-
-    def __init__(self, attention: models.CausalSelfAttention, head_dim: int):
-        super().__init__()
-        self.qkv, self.proj, self.head_dim = attention.qkv, attention.proj, head_dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=-1)                 # my heads' q, k and v
-        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
-
-
 def torch_parallelize(model: models.TinyGPT, mesh) -> nn.Module:
     """TinyGPT under torch's tools: DTensor TP on ``mesh["tp"]``, then FSDP2 on ``mesh["dp"]``.
 
-    TP plan (torchtitan's, for a GPT): the token embedding split by vocabulary rows
-    (``RowwiseParallel``, an all-reduce forward), in every block ``qkv`` and ``fc1``
-    column-wise and ``proj`` and ``fc2`` row-wise, the output layer column-wise with its
-    logits left sharded for ``loss_parallel``. Then ``fully_shard`` each block and the
-    root over the dp sub-mesh: every (already tp-sharded) parameter is sharded again ``dp`` ways.
+    TP is :func:`distlab.dtensor_tp.parallelize` (vocab-parallel embedding and output layer,
+    column-wise q, k, v and fc1, row-wise proj and fc2). Then ``fully_shard`` each block and
+    the root over the dp sub-mesh: every (already tp-sharded) parameter is sharded again
+    ``dp`` ways, and its gradients are reduce-scattered over the dp ranks only.
     """
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from distlab import dtensor_tp
 
     tp, dp = mesh["tp"].size(), mesh["dp"].size()
-    head_dim = model.cfg.dim // model.cfg.heads
     if tp > 1:
-        for block in model.blocks:
-            with torch.no_grad():
-                for p in block.attn.qkv.parameters():
-                    p.copy_(interleave_qkv(p, tp))
-            block.attn = HeadShardedAttention(block.attn, head_dim)
-            parallelize_module(block, mesh["tp"], {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
-                                                   "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-        parallelize_module(model, mesh["tp"], {
-            "tok": RowwiseParallel(input_layouts=Replicate()),
-            "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
+        model = dtensor_tp.parallelize(model, mesh["tp"])
     if dp > 1:
         for block in model.blocks:
             fully_shard(block, mesh=mesh["dp"])
@@ -277,15 +232,14 @@ def torch_parallelize(model: models.TinyGPT, mesh) -> nn.Module:
 
 def torch_loss(model: nn.Module, batch, tp: int) -> torch.Tensor:
     """Forward and backward with torch's tools; vocab-sharded logits go through ``loss_parallel``."""
-    from contextlib import nullcontext
+    from distlab import dtensor_tp
 
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    inputs, targets = batch
-    with loss_parallel() if tp > 1 else nullcontext():
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    if tp == 1:
+        loss = models.loss_fn(model, batch)
         loss.backward()
+        return loss
+    loss = dtensor_tp.loss(model, batch)
+    dtensor_tp.backward(loss)
     return loss
 
 
@@ -296,7 +250,7 @@ def train_torch(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8
     Differences: ``sent`` has only ``"dp"``, FSDP2's all-gathers and reduce-scatters (DTensor's
     collectives bypass the Python functions :mod:`distlab.comm` records); ``calls`` is
     ``CommDebugMode``'s count of every collective, TP's included. ``gradients`` and
-    ``expected`` are full tensors (``DTensor.full_tensor()``), with ``qkv`` rows interleaved.
+    ``expected`` are full tensors named as in TinyGPT (:func:`distlab.dtensor_tp.reference_gradients`).
     """
     if grid.pp > 1:
         raise NotImplementedError("pp > 1 with torch's tools: torch.distributed.pipelining would plug in here")
@@ -324,6 +278,8 @@ def _quiet():
 def _train_torch(grid, steps, lr, batch_size, optimizer, seed, config, keep_gradients) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
+    from distlab import dtensor_tp
+
     mesh = device_mesh(grid)
     tp, dp, dp_rank = grid.tp, grid.dp, mesh["dp"].get_local_rank()
     model = torch_parallelize(models.build("gpt", seed=seed, **config), mesh)
@@ -337,7 +293,7 @@ def _train_torch(grid, steps, lr, batch_size, optimizer, seed, config, keep_grad
         with CommDebugMode() as debug, comm.record() as log:
             loss = torch_loss(model, batch, tp)
         if step == 0 and keep_gradients:
-            out["gradients"] = {n: _full(p.grad) for n, p in model.named_parameters()}
+            out["gradients"] = dtensor_tp.reference_gradients(model)
         opt.step()
         out["seconds"].append(_slowest(time.perf_counter() - start))
         out["losses"].append(_global_mean(_local_value(loss), mesh["dp"].get_group()))
@@ -346,13 +302,8 @@ def _train_torch(grid, steps, lr, batch_size, optimizer, seed, config, keep_grad
     out["bytes"] = memory.model_state_bytes(model, opt)
     if keep_gradients:
         reference = models.build("gpt", seed=seed, **config)
-        full = models.reference_gradients(reference, models.example_batch("gpt", batch_size, seed=0, **config))
-        out["expected"] = {n: interleave_qkv(g, tp) if ".attn.qkv." in n and tp > 1 else g for n, g in full.items()}
+        out["expected"] = models.reference_gradients(reference, models.example_batch("gpt", batch_size, seed=0, **config))
     return out
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
 
 
 def _local_value(loss: torch.Tensor) -> float:
