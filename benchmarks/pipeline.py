@@ -19,6 +19,18 @@ torch's ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on the same chun
 ratio ours / torch (each step of ours followed by one of torch's, so that both see the same
 load). Machine load moves these numbers by tens of percent: run it on a quiet
 machine and compare ratios, not milliseconds.
+
+Where the measurement departs from the model, on a 2-core CPU machine with gloo:
+
+* Every hand-off between stages costs a few milliseconds here (loopback TCP, and waking a
+  process on oversubscribed cores); the model counts messages as free. The excess idle time is
+  roughly a fixed cost per action boundary, so it weighs most where the formula's bubble is
+  small and the actions are short: interleaved (v times more hand-offs, actions 1/v as long)
+  and ZB-H1. A longer --delay shrinks the ratios toward 1.
+* In compute mode, 4 ranks share 2 cores: at most half the rank-time can be compute, so the
+  measured idle fraction cannot fall much below 1/2 at p = 4, whatever the schedule.
+* The first stage also embeds and the last one also computes the head and the loss: real
+  stages are not equal, which the formulas assume.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ Tolerances (float32; see distlab.checks):
 
 One ``distlab.Pool`` per world size and one call per pool that runs every schedule (ours and
 torch's), the timed runs and the bad inputs (caught on the ranks, so the pools stay up). The
-mismatched-schedule test runs last: its timeout throws its pool away. File: ~45 s on 2 busy cores.
+mismatched-schedule test runs last: its timeout throws its pool away. File: 23 s on the
+2-core machine when quiet, 50-65 s while other tests load it (load average 10-14).
 
 Checked to fail when the implementation is broken (each a one-line change, and the test that
 caught it): each micro-batch's loss not divided by ``m``, the zero-bubble W pass skipped, and
