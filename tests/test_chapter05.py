@@ -17,8 +17,13 @@ backward all-reduce (the input gradient), ``ReduceFromRegion`` with an all-reduc
 (the input gradient), a row-parallel layer without the forward all-reduce or adding its bias
 before the sum (the output), an MLP block with a fresh LayerNorm (the output) or one that
 all-gathers the hidden activation (the communication), a cross-entropy that gathers the logits
-(the largest tensor), that does not subtract the maximum (NaN with large logits) or that
-subtracts each rank's own maximum (the loss).
+with torch.cat or into one new_empty tensor (the largest tensor), that gathers them in parts and
+never concatenates them (the bytes sent), that does not subtract the maximum (NaN with large
+logits) or that subtracts each rank's own maximum (the loss).
+
+The memory probe is a TorchFunctionMode, not a TorchDispatchMode: entering a dispatch mode
+imports torch._dynamo (about 1.6 s per rank, paid by every pool), and every tensor the
+student's Python code makes comes from a torch function or tensor method anyway.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ def try_forbidden(forbidden):
 
     import torch
     import torch.distributed as dist
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.overrides import TorchFunctionMode
 
     from distlab import comm, models
     from distlab.guard import ForbiddenError, forbid
@@ -100,7 +105,7 @@ def try_forbidden(forbidden):
     # and what the exercise is built from still works: a training step with AdamW (whose first
     # use imports torch._dynamo and through it FSDP and torch.distributed.nn internals), an
     # autograd Function that all-reduces backward, MAX and SUM all-reduces, an all-gather, the
-    # memory probe (a TorchDispatchMode) and the comm log
+    # memory probe (a TorchFunctionMode) and the comm log
     model = models.build("gpt", seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     models.loss_fn(model, models.example_batch("gpt", 2)).backward()
@@ -117,10 +122,10 @@ def try_forbidden(forbidden):
             dist.all_reduce(grad)
             return grad
 
-    class Probe(TorchDispatchMode):
+    class Probe(TorchFunctionMode):
         largest = 0
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             Probe.largest = max([Probe.largest] + [t.numel() for t in (out if isinstance(out, (list, tuple)) else [out])
                                                    if isinstance(t, torch.Tensor)])
