@@ -32,9 +32,10 @@ WATCHED_MODULES = (
 )
 
 
-PRELOADED = ("distlab.checks", "distlab.collectives", "distlab.comm", "distlab.ddp", "distlab.memory",
-             "distlab.models", "distlab.tensor_parallel", "distlab.trace", "distlab.zero", "distlab.grade.safeload",
-             "distlab.grade.sandbox")
+PRELOADED = ("distlab.checks", "distlab.collectives", "distlab.comm", "distlab.ddp", "distlab.dtensor_tp",
+             "distlab.experts", "distlab.layout", "distlab.memory", "distlab.mesh", "distlab.models",
+             "distlab.parallel3d", "distlab.pipeline", "distlab.tensor_parallel", "distlab.trace", "distlab.zero",
+             "distlab.grade.safeload", "distlab.grade.sandbox")
 """distlab modules a pool's ranks import before their first call. A module first imported
 *during* a call has no earlier state to go back to, so what that call did to it would stay;
 imported beforehand, it is watched like the others."""
