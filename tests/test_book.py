@@ -376,6 +376,20 @@ def test_every_page_loads_cleanly_with_working_images_and_links(built_book, site
 
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_TIMEOUT)
+def test_tables_that_cells_display_are_rendered_as_tables(built_book):
+    """A Markdown table in a cell's output must become an HTML table, not a paragraph of pipes."""
+    raw = re.compile(r"\|\s*(---|—|–)+\s*\|")        # a header separator row, as typed or after smartquotes
+    tables = 0
+    for name in html_pages(built_book):
+        page = re.sub(r"<pre.*?</pre>", " ", (built_book / name).read_text(), flags=re.S)   # code may type tables
+        text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+        assert not raw.search(text), f"{name}: a table was rendered as text: {raw.search(text).group(0)!r}"
+        tables += (built_book / name).read_text().count("<table")
+    assert tables >= 20, f"only {tables} tables in the whole book"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
 def test_solutions_are_not_reachable_over_http(site):
     for path in ["solutions/", "../solutions/", "_sources/solutions/"] + [
             f"solutions/{p.parent.name}/{p.name}" for p in notebook_sources()]:
