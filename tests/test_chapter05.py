@@ -65,9 +65,10 @@ def try_forbidden(forbidden):
     import torch.distributed as dist
     from torch.overrides import TorchFunctionMode
 
-    from distlab import comm, models
+    from distlab import comm, isolation, models
     from distlab.guard import ForbiddenError, forbid
 
+    isolation.preload()    # as on the grader's warm ranks: distlab.parallel3d holds distlab.tensor_parallel
     forbid(*forbidden)
     mod = importlib.import_module
     linear = torch.nn.Linear(4, 4)
@@ -76,6 +77,8 @@ def try_forbidden(forbidden):
         "distlab.tensor_parallel": lambda: __import__("distlab.tensor_parallel").tensor_parallel.ColumnParallelLinear(4, 4),
         "import distlab.tensor_parallel": lambda: mod("distlab.tensor_parallel").copy_to_parallel_region,
         "distlab.dtensor_tp": lambda: mod("distlab.dtensor_tp").parallelize,
+        "distlab.tensor_parallel through distlab.parallel3d": lambda: mod(
+            "distlab.parallel3d").tensor_parallel.ColumnParallelLinear(4, 4),
         "parallelize_module": lambda: mod("torch.distributed.tensor.parallel").parallelize_module(linear, None, {}),
         "ColwiseParallel": lambda: mod("torch.distributed.tensor.parallel").ColwiseParallel(),
         "RowwiseParallel (defining module)": lambda: mod("torch.distributed.tensor.parallel.style").RowwiseParallel(),

@@ -203,11 +203,22 @@ def _forbid_module(name: str) -> None:
     except ImportError:
         module = None
     stand_in = ForbiddenModule(name)
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+    keys = [k for k in sys.modules if k == name or k.startswith(name + ".")]
+    originals = {id(sys.modules[k]): sys.modules[k] for k in keys if not isinstance(sys.modules[k], ForbiddenModule)}
+    for key in keys:
         sys.modules[key] = stand_in
     parent, _, child = name.rpartition(".")
     if parent and parent in sys.modules:
         setattr(sys.modules[parent], child, stand_in)
+    # A module that imported it holds it too (``from distlab import tensor_parallel`` in a
+    # preloaded distlab module): replace it there, or it stays one attribute away.
+    for mod in list(sys.modules.values()):
+        try:
+            held = [attr for attr, value in vars(mod).items() if id(value) in originals]
+            for attr in held:
+                setattr(mod, attr, stand_in)
+        except Exception:  # noqa: BLE001 - odd modules that refuse vars() or setattr
+            continue
 
 
 def _forbid_object(name: str) -> None:
