@@ -1,0 +1,208 @@
+"""Chapter 7's exercise: the references are switched off, and plausible wrong answers lose points.
+
+The general gates (release equals notebooks/, no solution in the release, solution full marks,
+blank release zero, time bound) run for every assignment in tests/test_grading.py; here are
+the chapter's own.
+
+``DeviceMesh`` and ``init_device_mesh`` are forbidden where torch defines them
+(``torch.distributed.device_mesh``) *and* where ``torch.distributed`` exports them: the warm
+ranks put every attribute of ``torch.distributed`` back between two calls
+(:mod:`distlab.isolation`), while the defining module keeps its stand-in; forbidding only the
+defining module's names would leave ``dist.init_device_mesh`` usable from the second call of a
+pool on. The test below makes two calls on one warm pool.
+
+Seen to fail for the intended reason (each against the visible tests, or the hidden ones where
+the visible layouts cannot tell, while writing them): a grid with dp the fastest-varying
+coordinate (the coordinates), a grid that accepts sizes not multiplying to the world size (the
+ValueError), a gradient average over the whole world (visible when it also runs for dp = 1,
+hidden on dp=2 x tp=2 when it is skipped there: the size of the call's group), a sum instead of
+a mean (the gradients, "dp times the average"), the batch sharded by the global rank (the
+loss), tensor parallelism over the whole world (the size of the forward's groups), a memory
+formula without the pipeline's micro-batches in flight or with ZeRO-2 not sharding the
+optimizer state (the bytes), and the chosen layout's memory in GB instead of GiB. Sharding the
+batch by the tp coordinate gives some ranks an empty batch and the ranks wait in an all-reduce
+of mismatched sizes: the run times out after 60 s (the solution's calls take 1-2 s) and the
+task scores zero.
+
+Measured on this machine (2 cores shared with other work, load about 4): autograding the
+solution alone takes about 22 s (clean room 16 s), the blank release about 18 s.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grading_support import REPO, Course, fresh_dir, notebook_cells
+
+SLUG = "07-3d-parallelism"
+SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
+
+
+def forbidden_list() -> list[str]:
+    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
+
+
+def cells() -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
+            if c.metadata.get("nbgrader", {}).get("grade_id")}
+
+
+def test_the_references_and_device_mesh_are_forbidden_in_metadata_and_setup():
+    forbidden = set(forbidden_list())
+    assert {"distlab.mesh", "distlab.parallel3d", "distlab.layout",
+            "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.device_mesh.DeviceMesh",
+            "torch.distributed.init_device_mesh", "torch.distributed.DeviceMesh",
+            "torch.distributed.tensor.init_device_mesh", "torch.distributed.tensor.DeviceMesh"} <= forbidden
+    # torch.distributed.tensor registers the real DeviceMesh class when it is first imported (AdamW's first
+    # step imports it): forbidding one of its names imports it, so that must come before any other DeviceMesh
+    first = min(i for i, name in enumerate(forbidden_list()) if name.endswith("DeviceMesh"))
+    assert forbidden_list()[first].startswith("torch.distributed.tensor.")
+    setup = cells()["setup"]
+    assert all(f'"{name}"' in setup for name in forbidden), "the setup cell's FORBIDDEN must match the metadata"
+    assert setup.count('"torch.') + setup.count('"distlab.') == len(forbidden), "FORBIDDEN names more than the metadata"
+
+
+def try_forbidden(seed):
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    from distlab import comm, models, tensor_parallel
+    from distlab.guard import ForbiddenError
+
+    mod = importlib.import_module
+    verdicts = {}
+    for name, call in {
+        "distlab.mesh.Grid": lambda: __import__("distlab.mesh").mesh.Grid(dp=2),
+        "import distlab.mesh": lambda: mod("distlab.mesh").grid_for(4, tp=2),
+        "from distlab.mesh import ProcessGrid": lambda: exec("from distlab.mesh import ProcessGrid"),
+        "distlab.parallel3d": lambda: mod("distlab.parallel3d").average_gradients,
+        "distlab.layout": lambda: mod("distlab.layout").model_state_bytes(10, 2, 1),
+        "init_device_mesh": lambda: mod("torch.distributed.device_mesh").init_device_mesh("cpu", (2,)),
+        "dist.init_device_mesh": lambda: dist.init_device_mesh("cpu", (2,)),
+        "DeviceMesh": lambda: mod("torch.distributed.device_mesh").DeviceMesh("cpu", [0, 1]),
+        "dist.DeviceMesh": lambda: dist.DeviceMesh("cpu", [0, 1]),
+        "torch.distributed.tensor.DeviceMesh": lambda: mod("torch.distributed.tensor").DeviceMesh("cpu", [0, 1]),
+        "DeviceMesh.from_group": lambda: dist.DeviceMesh.from_group(dist.group.WORLD, "cpu"),
+    }.items():
+        try:
+            call()
+            verdicts[name] = "allowed"
+        except ForbiddenError:
+            verdicts[name] = "ForbiddenError"
+        except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict
+            verdicts[name] = f"{type(error).__name__}: {error}"
+
+    # and what the exercise is built from still works: a group for every tp and dp group of a
+    # dp=1 x tp=2 grid (every rank, every group), chapter 5's TP inside the tp group, an AVG
+    # all-reduce in the dp group, the comm log, SGD and AdamW (whose first step imports
+    # torch._dynamo, and through it DTensor and DeviceMesh users)
+    rank = dist.get_rank()
+    mine = {}
+    for axis, lists in (("tp", [[0, 1]]), ("dp", [[0], [1]])):
+        for members in lists:
+            group = dist.new_group(members)
+            if rank in members:
+                mine[axis] = group
+    ids = torch.tensor([rank])
+    dist.all_reduce(ids, group=mine["tp"])
+    model = tensor_parallel.parallelize_gpt(models.build("gpt", seed=seed), group=mine["tp"])
+    with comm.record() as log:
+        tensor_parallel.loss(model, models.example_batch("gpt", 4, seed=seed)).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=mine["dp"])
+    for optimizer in (torch.optim.SGD, torch.optim.AdamW):
+        optimizer(model.parameters(), lr=1e-2).step()
+    return (verdicts, ids.item(), sorted({c.group_size for c in log}),
+            bool(all(torch.isfinite(p).all() for p in model.parameters())))
+
+
+def test_forbidden_apis_raise_on_a_rank_and_training_still_works_on_a_warm_pool():
+    from distlab import checks
+    from distlab.pool import Pool
+
+    with Pool(2):
+        for seed in (0, 1):   # the second call runs after the pool put torch.distributed's names back
+            for verdicts, ids, group_sizes, trained in checks.run_ranks(
+                    try_forbidden, nprocs=2, args=(seed,), forbidden=forbidden_list(), timeout=120).results:
+                assert set(verdicts.values()) == {"ForbiddenError"}, (seed, verdicts)
+                assert ids == 1 and group_sizes == [1, 2] and trained
+
+
+def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
+    found = cells()
+    assert "forbidden=FORBIDDEN" in found["setup"]
+    for task in ("task1-tests", "task2-tests", "task3-tests"):
+        visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
+        assert "nprocs=2" in visible and "nprocs=4" in hidden, task
+        assert "nprocs=1" not in found[task] and "nprocs=3" not in found[task], task
+        assert "grading_seed()" in hidden, task
+        assert "on_ranks(" in found[task], task
+    for test in ("choice-tests", "concept-a-tests", "concept-b-tests", "concept-c-tests", "concept-d-tests"):
+        assert "### BEGIN HIDDEN TESTS" in found[test], test
+    # numeric answers are computed with the book's calculator in the hidden tests, not written down
+    for test in ("task3-tests", "choice-tests", "concept-b-tests", "concept-c-tests"):
+        assert "from distlab import layout" in found[test].split("### BEGIN HIDDEN TESTS")[1], test
+
+
+def test_the_choice_is_the_calculators_recommendation_for_the_books_70b_example():
+    """The exercise's memory-only procedure lands where distlab.layout.recommend (which also
+    prices time) lands for the book's 70B model on 64 GPUs: the question and the book agree."""
+    from distlab import layout
+
+    found = cells()
+    namespace: dict = {}
+    for grade_id in ("setup", "task3-answer", "choice-answer"):
+        exec(found[grade_id], namespace)  # noqa: S102 - the instructor's own cells
+    model = layout.Model(layers=80, hidden=8192, heads=64, vocab=128256, seq=4096, biases=False,
+                         learned_positions=False)
+    training = layout.Training(global_batch=1024, micro_batch=1, recompute="selective", sequence_parallel=True)
+    choice = layout.recommend(model, layout.Cluster(gpus=64), training).choice
+    grid = choice.grid
+    assert tuple(namespace["chosen_layout"]) == (grid.dp, grid.pp, grid.tp, choice.zero)
+    # the exercise's round 70e9 parameters against the calculator's exact count: within 2%
+    assert abs(namespace["chosen_gib"] - choice.memory["total"] / layout.GiB) < 0.02 * namespace["chosen_gib"]
+
+
+DP_FASTEST = (  # the solution's place values, with dp the fastest-varying digit
+    'inner = {"tp": 1, "pp": self.sizes["tp"], "dp": self.sizes["tp"] * self.sizes["pp"]}',
+    'inner = {"dp": 1, "pp": self.sizes["dp"], "tp": self.sizes["dp"] * self.sizes["pp"]}')
+
+WORLD_AVERAGE = (  # the solution's average, over the whole world (still skipped for dp = 1)
+    "dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.dp_group)",
+    "dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)")
+
+NO_MICRO_BATCHES_IN_FLIGHT = (  # the solution's activations, as if a stage held one micro-batch
+    "in_flight = min(micro_batches, pp)", "in_flight = 1")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
+    from test_grading import _answers_from, _with_answers
+
+    solution = _answers_from(SOLUTION)
+    answers = dict(solution)
+    for grade_id, (old, new) in (("task1-answer", DP_FASTEST), ("task2-answer", WORLD_AVERAGE),
+                                 ("task3-answer", NO_MICRO_BATCHES_IN_FLIGHT)):
+        assert old in solution[grade_id], f"the solution's {grade_id} changed: update this test"
+        answers[grade_id] = solution[grade_id].replace(old, new)
+    course = Course(tmp_path / "work")
+    release = course.release(SLUG)
+    incoming = fresh_dir(tmp_path / "incoming")
+    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
+    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
+    assert proc.returncode == 0, course.log
+    scores = course.scores(SLUG)["plausible"]
+    assert scores["task1-tests"] == 0.0, "a grid with dp the fastest-varying coordinate was not caught"
+    assert scores["task2-tests"] == 0.0, "gradients averaged over the whole world were not caught"
+    assert scores["task3-tests"] == 0.0, "a memory formula without the micro-batches in flight was not caught"
+    assert scores["choice-tests"] == 2.0  # with pp = 1 the missing factor changes nothing: the choice stands
+    assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
+    feedback = "".join(p.read_text() for p in (course.work / "autograded").rglob("*.ipynb"))
+    for reason in ("with tp the fastest-varying", "made all_reduce over a group of 4 ranks; average over the rank",
+                   "off by more than 0.1%"):
+        assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
