@@ -1,0 +1,239 @@
+"""Chapter 6's exercise: the references are switched off, and plausible wrong answers lose points.
+
+The general gates (release equals notebooks/, no solution in the release, solution full marks,
+blank release zero, time bound) run for every assignment in tests/test_grading.py; here are
+the chapter's own.
+
+The exercise forbids ``distlab.pipeline`` and ``distlab.parallel3d`` (which holds a reference to
+it: ``distlab.parallel3d.pipeline.Executor`` would be the reference under another name) and
+``torch.distributed.pipelining``; the test below checks that each road raises while what the
+exercise is built from (point-to-point messages, autograd through a received tensor, a MAX
+all-reduce in float64, SGD and AdamW) still works, twice on one warm pool, as in the grader.
+
+Seen to fail for the intended reason, against the visible tests, while writing them: a loss not
+divided by ``m`` (the loss), a stage that forgets ``requires_grad_()`` on what it receives (its
+``x.grad`` is None: sending it raises on the rank), a stage run by ``stage.forward(x)`` (the
+Recorder sees no forwards), GPipe submitted as 1F1B and a 1F1B with one warm-up forward too
+many (the micro-batches in flight), a PipelineRank with blocking ``dist.send`` (GPipe passes,
+1F1B deadlocks and ends in a DistTimeout after the test's TIMEOUT), a bubble computed from one
+rank's own spans (the value), and one computed in float32 (the value: the clock's readings are
+near 73 123 s, where float32 steps by 0.008 s).
+
+Timing (2 cores shared with other work, load average 3-4): the solution and the blank release
+each autograde in about 35 s; the chapter's forbidden list costs about 1 s more than chapter 5's
+per new pool (importing ``torch.distributed.pipelining`` to switch it off).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import distlab
+from grading_support import REPO, Course, fresh_dir, notebook_cells
+
+SLUG = "06-pipeline"
+SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
+
+
+def forbidden_list() -> list[str]:
+    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
+
+
+def cells() -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
+            if c.metadata.get("nbgrader", {}).get("grade_id")}
+
+
+def test_the_references_and_torchs_pipelining_are_forbidden_in_metadata_and_setup():
+    forbidden = set(forbidden_list())
+    assert {"distlab.pipeline", "distlab.parallel3d", "torch.distributed.pipelining"} <= forbidden
+    setup = cells()["setup"]
+    assert all(f'"{name}"' in setup for name in forbidden), "the setup cell's FORBIDDEN must match the metadata"
+    assert setup.count('"torch.') + setup.count('"distlab.') == len(forbidden), "FORBIDDEN names more than the metadata"
+
+
+def try_forbidden(forbidden):
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    from distlab import comm, models
+    from distlab.guard import ForbiddenError, forbid
+
+    forbid(*forbidden)
+    mod = importlib.import_module
+    verdicts = {}
+    for name, call in {
+        "distlab.pipeline": lambda: __import__("distlab.pipeline").pipeline.gpipe(2, 4),
+        "import distlab.pipeline": lambda: mod("distlab.pipeline").Executor,
+        "from distlab import pipeline": lambda: __import__("distlab", fromlist=["pipeline"]).pipeline.one_f_one_b(2, 4),
+        "distlab.parallel3d": lambda: mod("distlab.parallel3d").pipeline,
+        "ScheduleGPipe": lambda: mod("torch.distributed.pipelining").ScheduleGPipe,
+        "Schedule1F1B (defining module)": lambda: mod("torch.distributed.pipelining.schedules").Schedule1F1B,
+        "PipelineStage": lambda: mod("torch.distributed.pipelining").PipelineStage(torch.nn.Linear(2, 2), 0, 2,
+                                                                                   torch.device("cpu")),
+        "pipeline() and SplitPoint": lambda: mod("torch.distributed.pipelining").SplitPoint,
+    }.items():
+        try:
+            call()
+            verdicts[name] = "allowed"
+        except ForbiddenError:
+            verdicts[name] = "ForbiddenError"
+        except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict
+            verdicts[name] = f"{type(error).__name__}: {error}"
+
+    # and what the exercise is built from still works: SGD and AdamW steps (AdamW's first step
+    # imports torch._dynamo), messages both ways between two ranks at once (isend, recv, irecv,
+    # send), autograd through a received tensor, a MAX all-reduce in float64
+    model = models.build("gpt", seed=0)
+    for optimizer in (torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.AdamW(model.parameters(), lr=1e-2)):
+        models.loss_fn(model, models.example_batch("gpt", 2)).backward()
+        optimizer.step()
+    rank, other = dist.get_rank(), 1 - dist.get_rank()
+    with comm.record() as log:
+        mine = torch.full((2, 3), float(rank + 1))
+        work = dist.isend(mine, dst=other)
+        theirs = torch.empty(2, 3)
+        dist.recv(theirs, src=other)
+        work.wait()
+        x = theirs.requires_grad_()
+        (3 * x).sum().backward()
+        grad = torch.empty(2, 3)
+        if rank == 0:
+            dist.send(x.grad, dst=1)
+            request = dist.irecv(grad, src=1)
+        else:
+            request = dist.irecv(grad, src=0)
+            dist.send(x.grad, dst=0)
+        request.wait()
+        latest = torch.tensor([-1000.5 * rank, 73123.4567 + rank], dtype=torch.float64)
+        dist.all_reduce(latest, op=dist.ReduceOp.MAX)
+    return (verdicts, bool(torch.isfinite(model.head.weight).all()), theirs.tolist(), grad.tolist(),
+            latest.tolist(), [c.op for c in log])
+
+
+def test_forbidden_apis_raise_on_a_rank_and_training_and_messages_still_work():
+    with distlab.Pool(2):
+        for _ in range(2):     # again on the same warm ranks, as the grader's calls are
+            for rank, (verdicts, trained, theirs, grad, latest, calls) in enumerate(
+                    distlab.run(try_forbidden, forbidden_list(), nprocs=2, timeout=120)):
+                assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
+                assert trained and theirs == [[float(2 - rank)] * 3] * 2 and grad == [[3.0] * 3] * 2
+                assert latest == [0.0, 73124.4567]
+                assert calls == (["isend", "recv", "send", "irecv", "all_reduce"] if rank == 0 else
+                                 ["isend", "recv", "irecv", "send", "all_reduce"])
+
+
+def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
+    found = cells()
+    for task in ("task1-tests", "task2-tests", "task3-tests"):
+        visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
+        assert "nprocs=2" in visible and "nprocs=4" in hidden, task
+        assert "nprocs=1" not in found[task] and "nprocs=3" not in found[task], task
+        assert "grading_seed()" in hidden, task
+        assert "on_ranks(" in found[task], task
+    assert "forbidden=FORBIDDEN" in found["setup"] and "timeout=TIMEOUT" in found["setup"]
+    assert "(2, 4, s + 10)" in found["task2-tests"].split("### BEGIN HIDDEN TESTS")[1], "1F1B with m < p is hidden"
+    for question in "abcd":
+        assert "### BEGIN HIDDEN TESTS" in found[f"concept-{question}-tests"], question
+
+
+# -- the notebook's checks, run here on wrong answers ---------------------------------------------
+
+def notebook_namespace(answers: dict, timeout: float | None = None) -> dict:
+    """The setup cell, the given answer cells and the test cells' definitions (not their calls), run here."""
+    found = cells()
+    namespace = {"__name__": "__chapter06_notebook__"}
+    exec(compile(found["setup"], "<setup>", "exec"), namespace)  # noqa: S102 - our own notebook
+    if timeout is not None:
+        namespace["TIMEOUT"] = timeout
+    for task in ("task1", "task2", "task3"):
+        exec(compile(answers.get(f"{task}-answer", found[f"{task}-answer"]), f"<{task}-answer>", "exec"), namespace)  # noqa: S102
+        definitions = found[f"{task}-tests"].split("\ncheck_task")[0]
+        exec(compile(definitions, f"<{task}-tests>", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+GPIPE_AS_1F1B = '''
+def one_f_one_b_step(stage, inputs, targets):
+    """Right loss and gradients, but every forward before the first backward: that is GPipe."""
+    rank = PipelineRank(stage, inputs, targets)
+    for i in range(rank.m):
+        rank.forward(i)
+    for i in range(rank.m):
+        rank.backward(i)
+    return rank.finish()
+'''
+
+BLOCKING_SENDS = (  # the solution's two isends, as blocking sends
+    ("            self.sends.append((dist.isend(activation, dst=self.s + 1), activation))\n",
+     "            dist.send(activation, dst=self.s + 1)\n"),
+    ("            self.sends.append((dist.isend(x.grad, dst=self.s - 1), x.grad))\n",
+     "            dist.send(x.grad, dst=self.s - 1)\n"))
+
+
+def test_gpipe_submitted_as_1f1b_fails_and_blocking_sends_deadlock_into_a_timeout():
+    from distlab import DistTimeout, checks
+
+    task1 = cells()["task1-answer"]
+    for old, new in BLOCKING_SENDS:
+        assert old in task1, "the solution's sends changed: update this test"
+        task1 = task1.replace(old, new)
+    gpipe = notebook_namespace({"task2-answer": GPIPE_AS_1F1B})
+    blocking = notebook_namespace({"task1-answer": task1}, timeout=8)
+    with distlab.Pool(2):       # warm ranks, as in the grader (the deadlock, last, ends them)
+        with pytest.raises(checks.CheckFailed, match=r"rank 0 held the activations of 4 micro-batches at once"):
+            gpipe["check_task2"]([(4, 8, 2)], nprocs=2)
+        blocking["check_task1"]([(4, 8, 1)], nprocs=2)        # GPipe runs with blocking sends
+        start = time.monotonic()
+        with pytest.raises(DistTimeout, match=r"blocked in send") as caught:
+            blocking["check_task2"]([(4, 8, 2)], nprocs=2)    # 1F1B's neighbours send to each other at once
+        assert time.monotonic() - start < 8 + 10, caught.value   # the test's timeout, plus ending the ranks
+
+
+# -- one plausible student through the grader ------------------------------------------------------
+
+LOSS_NOT_DIVIDED = ("            out = loss_of(out, self.targets[i]) / self.m   # m shares add up to the full batch's mean\n",
+                    "            out = loss_of(out, self.targets[i])            # each micro-batch's mean, summed\n")
+
+ONE_WARMUP_TOO_MANY = ("min(rank.p - 1 - rank.s, rank.m)", "min(rank.p - rank.s, rank.m)")
+
+OWN_SPANS_ONLY = '''
+def bubble_fraction(spans):
+    """This rank's own idle fraction, between its own first start and last end: no other rank counted."""
+    busy = sum(end - start for start, end in spans)
+    length = max(end for _, end in spans) - min(start for start, _ in spans)
+    return 1.0 - busy / length
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
+    from test_grading import _answers_from, _with_answers
+
+    solution = _answers_from(SOLUTION)
+    for task, (old, _new) in (("task1-answer", LOSS_NOT_DIVIDED), ("task2-answer", ONE_WARMUP_TOO_MANY)):
+        assert old in solution[task], f"the solution's {task} changed: update this test"
+    course = Course(tmp_path / "work")
+    release = course.release(SLUG)
+    incoming = fresh_dir(tmp_path / "incoming")
+    answers = {**solution, "task1-answer": solution["task1-answer"].replace(*LOSS_NOT_DIVIDED),
+               "task2-answer": solution["task2-answer"].replace(*ONE_WARMUP_TOO_MANY), "task3-answer": OWN_SPANS_ONLY}
+    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
+    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
+    assert proc.returncode == 0, course.log
+    scores = course.scores(SLUG)["plausible"]
+    assert scores["task1-tests"] == 0.0, "a loss not divided by the number of micro-batches was not caught"
+    assert scores["task2-tests"] == 0.0, "a 1F1B with one warm-up forward too many was not caught"
+    assert scores["task3-tests"] == 0.0, "a bubble from one rank's own spans was not caught"
+    assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
+    feedback = "".join(p.read_text() for p in (course.work / "autograded").rglob("*.ipynb"))
+    for reason in ("the loss the last stage (rank 1) returned (the mean over the whole batch) is off",
+                   "rank 0 held the activations of 3 micro-batches at once",
+                   "the step's idle fraction is off"):
+        assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
