@@ -19,9 +19,11 @@ many (the micro-batches in flight), a PipelineRank with blocking ``dist.send`` (
 rank's own spans (the value), and one computed in float32 (the value: the clock's readings are
 near 73 123 s, where float32 steps by 0.008 s).
 
-Timing (2 cores shared with other work, load average 3-4): the solution and the blank release
-each autograde in about 35 s; the chapter's forbidden list costs about 1 s more than chapter 5's
-per new pool (importing ``torch.distributed.pipelining`` to switch it off).
+Timing, ``grade class`` of the solution and the blank release together, per notebook, on the
+2-core machine shared with other work: 27 s at load average 2 (clean room 17 s and 20 s), 35 s
+at 3-4, 46 s at 6-7, 90 s at 10. The chapter's forbidden list costs about 1 s more than chapter
+5's per new pool (importing ``torch.distributed.pipelining`` to switch it off). This file: about
+50 s, the slow test 36 s of it.
 """
 
 from __future__ import annotations
