@@ -83,6 +83,17 @@ def test_release_contains_no_solution_code_and_no_hidden_tests(slug):
     assert stubs >= 2
 
 
+@pytest.mark.parametrize("slug", slugs())
+def test_no_hidden_test_line_is_also_a_line_of_the_solution(slug):
+    """Feedback shows a student's own code; a hidden-test line that the solution also contains
+    would look like a leak there (the slow feedback test below checks the real pages)."""
+    answers = "\n".join(c.source for c in notebook_cells(REPO / "solutions" / slug / f"{slug}.ipynb")
+                        if c.metadata.get("nbgrader", {}).get("solution"))
+    release = (REPO / "notebooks" / slug / f"{slug}.ipynb").read_text()
+    shared = [line for line in hidden_test_lines(slug) if line in answers and json.dumps(line)[1:-1] not in release]
+    assert not shared, f"{slug}: hidden-test lines that the solution also has (spell them differently): {shared}"
+
+
 # -- gates 2 and 3: a class through the whole pipeline -------------------------------------------
 
 @pytest.fixture(scope="module")
