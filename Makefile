@@ -24,8 +24,10 @@ $(STAMP): requirements.txt pyproject.toml
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# Two workers, one test file each at a time (files share module-scoped fixtures: the built
+# book, the graded class, the Slurm cluster); tests/conftest.py starts the longest files first.
 test: $(STAMP) system-deps
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
 test-fast: $(STAMP)
