@@ -87,6 +87,24 @@ def notebook_cells(path) -> list:
     return nbformat.read(str(path), as_version=4).cells
 
 
+def solution_path(slug: str) -> Path:
+    """The instructor's notebook of an assignment."""
+    return REPO / "solutions" / slug / f"{slug}.ipynb"
+
+
+def forbidden_list(slug: str) -> list[str]:
+    """The names an assignment switches off on the ranks (its notebook metadata, in order)."""
+    import json
+
+    return json.loads(solution_path(slug).read_text())["metadata"]["distlab"]["forbidden"]
+
+
+def grade_cells(slug: str) -> dict:
+    """``{grade_id: source}`` of every nbgrader cell of an assignment's solution notebook."""
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(solution_path(slug))
+            if c.metadata.get("nbgrader", {}).get("grade_id")}
+
+
 def hidden_test_lines(slug: str = SLUG) -> list[str]:
     """Every non-trivial line of hidden-test code in the solution notebook."""
     from distlab.grade.cleanroom import _hidden_lines

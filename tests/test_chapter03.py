@@ -7,19 +7,15 @@ bound) run for every assignment in tests/test_grading.py; here are the chapter's
 from __future__ import annotations
 
 import inspect
-import json
 
 import pytest
 
 import distlab
-from grading_support import REPO, Course, fresh_dir, notebook_cells
+from grading_support import REPO, Course, forbidden_list, fresh_dir, notebook_cells
 
 SLUG = "03-ddp"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
 
-
-def forbidden_list() -> list[str]:
-    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
 
 
 def test_every_public_function_of_distlab_ddp_and_torch_ddp_are_forbidden():
@@ -28,7 +24,7 @@ def test_every_public_function_of_distlab_ddp_and_torch_ddp_are_forbidden():
     public = {name for name, obj in vars(ddp).items()
               if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
               and obj.__module__ == "distlab.ddp"}
-    forbidden = set(forbidden_list())
+    forbidden = set(forbidden_list(SLUG))
     assert "torch.nn.parallel.DistributedDataParallel" in forbidden
     missing = {name for name in public if f"distlab.ddp.{name}" not in forbidden}
     assert not missing, f"add to the exercise's forbidden list: {sorted(missing)}"
@@ -60,7 +56,7 @@ def try_forbidden(forbidden):
 
 
 def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
-    for verdicts in distlab.run(try_forbidden, forbidden_list(), nprocs=2):
+    for verdicts in distlab.run(try_forbidden, forbidden_list(SLUG), nprocs=2):
         assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
 
 

@@ -7,31 +7,23 @@ the chapter's own.
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 import distlab
-from grading_support import REPO, Course, fresh_dir, notebook_cells
+from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
 
 SLUG = "04-zero-fsdp"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
 
 
-def forbidden_list() -> list[str]:
-    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
-
-
-def cells() -> dict:
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
-            if c.metadata.get("nbgrader", {}).get("grade_id")}
 
 
 def test_the_reference_and_torchs_fsdp_and_zero_are_forbidden_in_metadata_and_setup():
-    forbidden = set(forbidden_list())
+    forbidden = set(forbidden_list(SLUG))
     assert {"distlab.zero", "torch.distributed.fsdp.fully_shard", "torch.distributed.fsdp.FullyShardedDataParallel",
             "torch.distributed.optim.ZeroRedundancyOptimizer"} <= forbidden
-    setup = cells()["setup"]
+    setup = grade_cells(SLUG)["setup"]
     assert all(f'"{name}"' in setup for name in forbidden), "the setup cell's FORBIDDEN must match the metadata"
 
 
@@ -72,13 +64,13 @@ def try_forbidden(forbidden):
 
 
 def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
-    for verdicts, trained, gathered in distlab.run(try_forbidden, forbidden_list(), nprocs=2):
+    for verdicts, trained, gathered in distlab.run(try_forbidden, forbidden_list(SLUG), nprocs=2):
         assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
         assert trained and gathered == [1.0] * 8
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = cells()
+    found = grade_cells(SLUG)
     for task in ("task1-tests", "task2-tests", "task3-tests"):
         visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
         assert "nprocs=2" in visible and "nprocs=4" in hidden, task

@@ -28,32 +28,24 @@ student's Python code makes comes from a torch function or tensor method anyway.
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 import distlab
-from grading_support import REPO, Course, fresh_dir, notebook_cells
+from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
 
 SLUG = "05-tensor-parallel"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
 
 
-def forbidden_list() -> list[str]:
-    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
-
-
-def cells() -> dict:
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
-            if c.metadata.get("nbgrader", {}).get("grade_id")}
 
 
 def test_the_references_dtensor_tp_and_differentiable_collectives_are_forbidden_in_metadata_and_setup():
-    forbidden = set(forbidden_list())
+    forbidden = set(forbidden_list(SLUG))
     assert {"distlab.tensor_parallel", "distlab.dtensor_tp", "torch.distributed.tensor.parallel",
             "torch.distributed.tensor.DTensor", "torch.distributed.tensor.distribute_tensor",
             "torch.distributed.nn.functional.all_reduce", "torch.distributed.nn.functional._AllReduce"} <= forbidden
-    setup = cells()["setup"]
+    setup = grade_cells(SLUG)["setup"]
     assert all(f'"{name}"' in setup for name in forbidden), "the setup cell's FORBIDDEN must match the metadata"
     assert setup.count('"torch.') + setup.count('"distlab.') == len(forbidden), "FORBIDDEN names more than the metadata"
 
@@ -146,14 +138,14 @@ def try_forbidden(forbidden):
 
 
 def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
-    for verdicts, trained, grad, biggest, calls, largest in distlab.run(try_forbidden, forbidden_list(), nprocs=2):
+    for verdicts, trained, grad, biggest, calls, largest in distlab.run(try_forbidden, forbidden_list(SLUG), nprocs=2):
         assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
         assert trained and grad == [2.0] * 3 and biggest == 1.0
         assert calls == ["all_reduce", "all_reduce", "all_gather"] and largest == 3
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = cells()
+    found = grade_cells(SLUG)
     for task in ("task1-tests", "task2-tests", "task3-tests"):
         visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
         assert "nprocs=2" in visible and "nprocs=4" in hidden, task

@@ -28,31 +28,23 @@ at 3-4, 46 s at 6-7, 90 s at 10. The chapter's forbidden list costs about 1 s mo
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 import distlab
-from grading_support import REPO, Course, fresh_dir, notebook_cells
+from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
 
 SLUG = "06-pipeline"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
 
 
-def forbidden_list() -> list[str]:
-    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
-
-
-def cells() -> dict:
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
-            if c.metadata.get("nbgrader", {}).get("grade_id")}
 
 
 def test_the_references_and_torchs_pipelining_are_forbidden_in_metadata_and_setup():
-    forbidden = set(forbidden_list())
+    forbidden = set(forbidden_list(SLUG))
     assert {"distlab.pipeline", "distlab.parallel3d", "torch.distributed.pipelining"} <= forbidden
-    setup = cells()["setup"]
+    setup = grade_cells(SLUG)["setup"]
     assert all(f'"{name}"' in setup for name in forbidden), "the setup cell's FORBIDDEN must match the metadata"
     assert setup.count('"torch.') + setup.count('"distlab.') == len(forbidden), "FORBIDDEN names more than the metadata"
 
@@ -122,7 +114,7 @@ def test_forbidden_apis_raise_on_a_rank_and_training_and_messages_still_work():
     with distlab.Pool(2):
         for _ in range(2):     # again on the same warm ranks, as the grader's calls are
             for rank, (verdicts, trained, theirs, grad, latest, calls) in enumerate(
-                    distlab.run(try_forbidden, forbidden_list(), nprocs=2, timeout=120)):
+                    distlab.run(try_forbidden, forbidden_list(SLUG), nprocs=2, timeout=120)):
                 assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
                 assert trained and theirs == [[float(2 - rank)] * 3] * 2 and grad == [[3.0] * 3] * 2
                 assert latest == [0.0, 73124.4567]
@@ -131,7 +123,7 @@ def test_forbidden_apis_raise_on_a_rank_and_training_and_messages_still_work():
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = cells()
+    found = grade_cells(SLUG)
     for task in ("task1-tests", "task2-tests", "task3-tests"):
         visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
         assert "nprocs=2" in visible and "nprocs=4" in hidden, task
@@ -148,7 +140,7 @@ def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
 
 def notebook_namespace(answers: dict, timeout: float | None = None) -> dict:
     """The setup cell, the given answer cells and the test cells' definitions (not their calls), run here."""
-    found = cells()
+    found = grade_cells(SLUG)
     namespace = {"__name__": "__chapter06_notebook__"}
     exec(compile(found["setup"], "<setup>", "exec"), namespace)  # noqa: S102 - our own notebook
     if timeout is not None:
@@ -181,7 +173,7 @@ BLOCKING_SENDS = (  # the solution's two isends, as blocking sends
 def test_gpipe_submitted_as_1f1b_fails_and_blocking_sends_deadlock_into_a_timeout():
     from distlab import DistTimeout, checks
 
-    task1 = cells()["task1-answer"]
+    task1 = grade_cells(SLUG)["task1-answer"]
     for old, new in BLOCKING_SENDS:
         assert old in task1, "the solution's sends changed: update this test"
         task1 = task1.replace(old, new)

@@ -35,36 +35,28 @@ blank release 18-32 s and 29 s of CPU; the slow test below about 80 s.
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from grading_support import REPO, Course, fresh_dir, notebook_cells
+from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
 
 SLUG = "07-3d-parallelism"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
 
 
-def forbidden_list() -> list[str]:
-    return json.loads(SOLUTION.read_text())["metadata"]["distlab"]["forbidden"]
-
-
-def cells() -> dict:
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
-            if c.metadata.get("nbgrader", {}).get("grade_id")}
 
 
 def test_the_references_and_device_mesh_are_forbidden_in_metadata_and_setup():
-    forbidden = set(forbidden_list())
+    forbidden = set(forbidden_list(SLUG))
     assert {"distlab.mesh", "distlab.parallel3d", "distlab.layout",
             "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.device_mesh.DeviceMesh",
             "torch.distributed.init_device_mesh", "torch.distributed.DeviceMesh",
             "torch.distributed.tensor.init_device_mesh", "torch.distributed.tensor.DeviceMesh"} <= forbidden
     # torch.distributed.tensor registers the real DeviceMesh class when it is first imported (AdamW's first
     # step imports it): forbidding one of its names imports it, so that must come before any other DeviceMesh
-    first = min(i for i, name in enumerate(forbidden_list()) if name.endswith("DeviceMesh"))
-    assert forbidden_list()[first].startswith("torch.distributed.tensor.")
-    setup = cells()["setup"]
+    first = min(i for i, name in enumerate(forbidden_list(SLUG)) if name.endswith("DeviceMesh"))
+    assert forbidden_list(SLUG)[first].startswith("torch.distributed.tensor.")
+    setup = grade_cells(SLUG)["setup"]
     assert all(f'"{name}"' in setup for name in forbidden), "the setup cell's FORBIDDEN must match the metadata"
     assert setup.count('"torch.') + setup.count('"distlab.') == len(forbidden), "FORBIDDEN names more than the metadata"
 
@@ -132,13 +124,13 @@ def test_forbidden_apis_raise_on_a_rank_and_training_still_works_on_a_warm_pool(
     with Pool(2):
         for seed in (0, 1):   # the second call runs after the pool put torch.distributed's names back
             for verdicts, ids, group_sizes, trained in checks.run_ranks(
-                    try_forbidden, nprocs=2, args=(seed,), forbidden=forbidden_list(), timeout=120).results:
+                    try_forbidden, nprocs=2, args=(seed,), forbidden=forbidden_list(SLUG), timeout=120).results:
                 assert set(verdicts.values()) == {"ForbiddenError"}, (seed, verdicts)
                 assert ids == 1 and group_sizes == [1, 2] and trained
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = cells()
+    found = grade_cells(SLUG)
     assert "forbidden=FORBIDDEN" in found["setup"]
     for task in ("task1-tests", "task2-tests", "task3-tests"):
         visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
@@ -158,7 +150,7 @@ def test_the_choice_is_the_calculators_recommendation_for_the_books_70b_example(
     prices time) lands for the book's 70B model on 64 GPUs: the question and the book agree."""
     from distlab import layout
 
-    found = cells()
+    found = grade_cells(SLUG)
     namespace: dict = {}
     for grade_id in ("setup", "task3-answer", "choice-answer"):
         exec(found[grade_id], namespace)  # noqa: S102 - the instructor's own cells
