@@ -76,6 +76,10 @@ class Course:
         with sqlite3.connect(self.work / "gradebook.db") as db:
             return db.execute(f"select * from {name} order by 1").fetchall()
 
+    def autograded_text(self) -> str:
+        """Every autograded notebook of the course, as one string (what the checks printed)."""
+        return "".join(p.read_text() for p in (self.work / "autograded").rglob("*.ipynb"))
+
     def integrity(self) -> str:
         with sqlite3.connect(self.work / "gradebook.db") as db:
             return db.execute("pragma integrity_check").fetchone()[0]
@@ -124,3 +128,35 @@ def fresh_dir(path: Path) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
+
+
+def grade_one_student(root: Path, slug: str, student: str, answers: dict) -> tuple[Course, dict]:
+    """Release ``slug``, submit its release with ``answers`` (``{grade_id: source}``) filled in as
+    ``student``, and take that one student through ``grade class``; return the course and the
+    student's ``{test grade id: score}``."""
+    from test_grading import _with_answers
+
+    course = Course(root / "work")
+    release = course.release(slug)
+    incoming = fresh_dir(root / "incoming")
+    course.submit(incoming, student, _with_answers(release, answers), slug)
+    proc = course.grade("class", slug, "--from", str(incoming), "--to", str(root / "grades.csv"))
+    assert proc.returncode == 0, course.log
+    return course, course.scores(slug)[student]
+
+
+def try_each(attempts: dict) -> dict:
+    """Call each of ``{name: call}`` (on a rank, with APIs forbidden); ``{name: verdict}`` where the
+    verdict is ``"allowed"``, ``"ForbiddenError"``, or another error's type and message."""
+    from distlab.guard import ForbiddenError
+
+    verdicts = {}
+    for name, call in attempts.items():
+        try:
+            call()
+            verdicts[name] = "allowed"
+        except ForbiddenError:
+            verdicts[name] = "ForbiddenError"
+        except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict, said in full
+            verdicts[name] = f"{type(error).__name__}: {error}"
+    return verdicts

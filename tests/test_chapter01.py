@@ -12,7 +12,7 @@ import json
 import pytest
 
 import distlab
-from grading_support import REPO, Course, fresh_dir, notebook_cells
+from grading_support import REPO, grade_one_student, notebook_cells
 
 SLUG = "01-data-loading"
 
@@ -77,17 +77,11 @@ def batch_sampler_shard(num_samples, global_batch_size, epoch, seed, rank, world
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_sampler_without_padding_and_strided_slices_score_zero(tmp_path):
-    from test_grading import _answers_from, _with_answers
+    from test_grading import _answers_from
 
-    course = Course(tmp_path / "work")
-    release = course.release(SLUG)
-    incoming = fresh_dir(tmp_path / "incoming")
     answers = {**_answers_from(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"),
                "task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES}
-    course.submit(incoming, "wrong", _with_answers(release, answers), SLUG)
-    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
-    assert proc.returncode == 0, course.log
-    scores = course.scores(SLUG)["wrong"]
+    course, scores = grade_one_student(tmp_path, SLUG, "wrong", answers)
     assert scores["task1-tests"] == 0.0, "a sampler without padding was not caught"
     assert scores["task2-tests"] == 0.0, "strided slices were not caught"
     assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0

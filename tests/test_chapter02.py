@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from grading_support import REPO, Course, fresh_dir, notebook_cells
+from grading_support import REPO, grade_one_student, notebook_cells
 
 SLUG = "02-collectives"
 
@@ -94,17 +94,11 @@ def ring_reduce_scatter(tensor):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_naive_all_reduce_and_a_disguised_builtin_score_zero(tmp_path):
-    from test_grading import _answers_from, _with_answers
+    from test_grading import _answers_from
 
-    course = Course(tmp_path / "work")
-    release = course.release(SLUG)
-    incoming = fresh_dir(tmp_path / "incoming")
     answers = {**_answers_from(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"),
                "task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE}
-    course.submit(incoming, "sneaky", _with_answers(release, answers), SLUG)
-    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
-    assert proc.returncode == 0, course.log
-    scores = course.scores(SLUG)["sneaky"]
+    course, scores = grade_one_student(tmp_path, SLUG, "sneaky", answers)
     assert scores["task1-tests"] == 0.0, "the built-in reduce-scatter was not caught"
     assert scores["task3-tests"] == 0.0, "the naive all-reduce was not caught by the byte count"
     assert scores["task2-tests"] == 2.0  # the honest task keeps its points

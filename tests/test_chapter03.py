@@ -11,7 +11,7 @@ import inspect
 import pytest
 
 import distlab
-from grading_support import REPO, Course, forbidden_list, fresh_dir, notebook_cells
+from grading_support import REPO, forbidden_list, grade_one_student, notebook_cells, try_each
 
 SLUG = "03-ddp"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
@@ -38,17 +38,11 @@ def try_forbidden(forbidden):
     from distlab.guard import forbid
 
     forbid(*forbidden)
-    verdicts = {}
-    for name, call in {
+    verdicts = try_each({
         "torch DDP": lambda: torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)),
         "distlab.ddp.OverlappedDDP": lambda: __import__("distlab.ddp").ddp.OverlappedDDP(torch.nn.Linear(2, 2)),
         "distlab.ddp.average_gradients": lambda: __import__("distlab.ddp").ddp.average_gradients(torch.nn.Linear(2, 2)),
-    }.items():
-        try:
-            call()
-            verdicts[name] = "allowed"
-        except Exception as error:  # noqa: BLE001 - ForbiddenError is what we hope for
-            verdicts[name] = type(error).__name__
+    })
     # and an optimizer still works (creating one imports torch._dynamo, which inspects modules)
     model = torch.nn.Linear(2, 2)
     torch.optim.AdamW(model.parameters()).step()
@@ -129,17 +123,11 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from, _with_answers
+    from test_grading import _answers_from
 
-    course = Course(tmp_path / "work")
-    release = course.release(SLUG)
-    incoming = fresh_dir(tmp_path / "incoming")
     answers = {**_answers_from(SOLUTION), "task1-answer": NO_BROADCAST,
                "task2-answer": BLOCKING_AFTER_BACKWARD, "task3-answer": SYNC_EVERY_MICRO_STEP}
-    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
-    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
-    assert proc.returncode == 0, course.log
-    scores = course.scores(SLUG)["plausible"]
+    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
     assert scores["task1-tests"] == 0.0, "a missing broadcast was not caught"
     assert scores["task2-tests"] == 0.0, "all-reduces after backward (no overlap) were not caught"
     assert scores["task3-tests"] == 0.0, "communicating on every micro-step was not caught"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import distlab
-from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
+from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
 
 SLUG = "04-zero-fsdp"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
@@ -33,8 +33,7 @@ def try_forbidden(forbidden):
     from distlab.guard import forbid
 
     forbid(*forbidden)
-    verdicts = {}
-    for name, call in {
+    verdicts = try_each({
         "distlab.zero.ZeRO1": lambda: __import__("distlab.zero").zero.ZeRO1(torch.nn.Linear(2, 2)),
         "import distlab.zero": lambda: __import__("importlib").import_module("distlab.zero").make(3, None),
         "fully_shard": lambda: __import__("torch.distributed.fsdp").distributed.fsdp.fully_shard(torch.nn.Linear(2, 2)),
@@ -43,12 +42,7 @@ def try_forbidden(forbidden):
         "FSDP1": lambda: torch.distributed.fsdp.FullyShardedDataParallel(torch.nn.Linear(2, 2)),
         "ZeroRedundancyOptimizer": lambda: __import__("torch.distributed.optim").distributed.optim.ZeroRedundancyOptimizer(
             torch.nn.Linear(2, 2).parameters(), torch.optim.AdamW),
-    }.items():
-        try:
-            call()
-            verdicts[name] = "allowed"
-        except Exception as error:  # noqa: BLE001 - ForbiddenError is what we hope for
-            verdicts[name] = type(error).__name__
+    })
     # and training still works: AdamW (whose first use imports torch._dynamo, which imports
     # torch.distributed.fsdp internals) and the collectives ZeRO is built from
     model = torch.nn.Linear(4, 4)
@@ -168,21 +162,15 @@ class ZeRO3:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from, _with_answers
+    from test_grading import _answers_from
 
-    course = Course(tmp_path / "work")
-    release = course.release(SLUG)
-    incoming = fresh_dir(tmp_path / "incoming")
     answers = {**_answers_from(SOLUTION), "task1-answer": FULL_OPTIMIZER_STATE,
                "task2-answer": ALL_REDUCE_THEN_SLICE, "task3-answer": NEVER_FREED}
-    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
-    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
-    assert proc.returncode == 0, course.log
-    scores = course.scores(SLUG)["plausible"]
+    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
     assert scores["task1-tests"] == 0.0, "a ZeRO-1 keeping the full optimizer state was not caught"
     assert scores["task2-tests"] == 0.0, "a ZeRO-2 that all-reduces, then slices, was not caught"
     assert scores["task3-tests"] == 0.0, "a ZeRO-3 that never frees the gathered weights was not caught"
     assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0
-    feedback = "".join(p.read_text() for p in (course.work / "autograded").rglob("*.ipynb"))
+    feedback = course.autograded_text()
     for reason in ("of optimizer state", "called all_reduce", "bytes of parameters at once"):
         assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"

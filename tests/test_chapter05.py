@@ -32,7 +32,7 @@ from __future__ import annotations
 import pytest
 
 import distlab
-from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
+from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
 
 SLUG = "05-tensor-parallel"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
@@ -58,14 +58,13 @@ def try_forbidden(forbidden):
     from torch.overrides import TorchFunctionMode
 
     from distlab import comm, isolation, models
-    from distlab.guard import ForbiddenError, forbid
+    from distlab.guard import forbid
 
     isolation.preload()    # as on the grader's warm ranks: distlab.parallel3d holds distlab.tensor_parallel
     forbid(*forbidden)
     mod = importlib.import_module
     linear = torch.nn.Linear(4, 4)
-    verdicts = {}
-    for name, call in {
+    verdicts = try_each({
         "distlab.tensor_parallel": lambda: __import__("distlab.tensor_parallel").tensor_parallel.ColumnParallelLinear(4, 4),
         "import distlab.tensor_parallel": lambda: mod("distlab.tensor_parallel").copy_to_parallel_region,
         "distlab.dtensor_tp": lambda: mod("distlab.dtensor_tp").parallelize,
@@ -88,14 +87,7 @@ def try_forbidden(forbidden):
         "nn.functional.all_gather": lambda: mod("torch.distributed.nn.functional").all_gather(torch.ones(2)),
         "nn.functional.reduce_scatter": lambda: mod("torch.distributed.nn.functional").reduce_scatter(
             torch.ones(2), [torch.ones(2)] * dist.get_world_size()),
-    }.items():
-        try:
-            call()
-            verdicts[name] = "allowed"
-        except ForbiddenError:
-            verdicts[name] = "ForbiddenError"
-        except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict
-            verdicts[name] = f"{type(error).__name__}: {error}"
+    })
 
     # and what the exercise is built from still works: a training step with AdamW (whose first
     # use imports torch._dynamo and through it FSDP and torch.distributed.nn internals), an
@@ -225,25 +217,19 @@ def vocab_parallel_cross_entropy(local_logits, targets):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from, _with_answers
+    from test_grading import _answers_from
 
     solution = _answers_from(SOLUTION)
     old, new = BIAS_BEFORE_THE_SUM
     assert old in solution["task1-answer"], "the solution's row-parallel forward changed: update this test"
-    course = Course(tmp_path / "work")
-    release = course.release(SLUG)
-    incoming = fresh_dir(tmp_path / "incoming")
     answers = {**solution, "task1-answer": solution["task1-answer"].replace(old, new),
                "task2-answer": GATHERED_HIDDEN, "task3-answer": GATHERED_LOGITS}
-    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
-    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
-    assert proc.returncode == 0, course.log
-    scores = course.scores(SLUG)["plausible"]
+    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
     assert scores["task1-tests"] == 0.0, "a row-parallel layer adding its bias on every rank was not caught"
     assert scores["task2-tests"] == 0.0, "an MLP block that all-gathers its hidden activation was not caught"
     assert scores["task3-tests"] == 0.0, "a cross-entropy that gathers the full logits was not caught"
     assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
-    feedback = "".join(p.read_text() for p in (course.work / "autograded").rglob("*.ipynb"))
+    feedback = course.autograded_text()
     for reason in ("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
                    "exactly one all_reduce forward per block", "as large as the full logits"):
         assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"

@@ -33,7 +33,7 @@ import time
 import pytest
 
 import distlab
-from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
+from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
 
 SLUG = "06-pipeline"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
@@ -56,12 +56,11 @@ def try_forbidden(forbidden):
     import torch.distributed as dist
 
     from distlab import comm, models
-    from distlab.guard import ForbiddenError, forbid
+    from distlab.guard import forbid
 
     forbid(*forbidden)
     mod = importlib.import_module
-    verdicts = {}
-    for name, call in {
+    verdicts = try_each({
         "distlab.pipeline": lambda: __import__("distlab.pipeline").pipeline.gpipe(2, 4),
         "import distlab.pipeline": lambda: mod("distlab.pipeline").Executor,
         "from distlab import pipeline": lambda: __import__("distlab", fromlist=["pipeline"]).pipeline.one_f_one_b(2, 4),
@@ -71,14 +70,7 @@ def try_forbidden(forbidden):
         "PipelineStage": lambda: mod("torch.distributed.pipelining").PipelineStage(torch.nn.Linear(2, 2), 0, 2,
                                                                                    torch.device("cpu")),
         "pipeline() and SplitPoint": lambda: mod("torch.distributed.pipelining").SplitPoint,
-    }.items():
-        try:
-            call()
-            verdicts[name] = "allowed"
-        except ForbiddenError:
-            verdicts[name] = "ForbiddenError"
-        except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict
-            verdicts[name] = f"{type(error).__name__}: {error}"
+    })
 
     # and what the exercise is built from still works: SGD and AdamW steps (AdamW's first step
     # imports torch._dynamo), messages both ways between two ranks at once (isend, recv, irecv,
@@ -208,25 +200,19 @@ def bubble_fraction(spans):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from, _with_answers
+    from test_grading import _answers_from
 
     solution = _answers_from(SOLUTION)
     for task, (old, _new) in (("task1-answer", LOSS_NOT_DIVIDED), ("task2-answer", ONE_WARMUP_TOO_MANY)):
         assert old in solution[task], f"the solution's {task} changed: update this test"
-    course = Course(tmp_path / "work")
-    release = course.release(SLUG)
-    incoming = fresh_dir(tmp_path / "incoming")
     answers = {**solution, "task1-answer": solution["task1-answer"].replace(*LOSS_NOT_DIVIDED),
                "task2-answer": solution["task2-answer"].replace(*ONE_WARMUP_TOO_MANY), "task3-answer": OWN_SPANS_ONLY}
-    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
-    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
-    assert proc.returncode == 0, course.log
-    scores = course.scores(SLUG)["plausible"]
+    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
     assert scores["task1-tests"] == 0.0, "a loss not divided by the number of micro-batches was not caught"
     assert scores["task2-tests"] == 0.0, "a 1F1B with one warm-up forward too many was not caught"
     assert scores["task3-tests"] == 0.0, "a bubble from one rank's own spans was not caught"
     assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
-    feedback = "".join(p.read_text() for p in (course.work / "autograded").rglob("*.ipynb"))
+    feedback = course.autograded_text()
     for reason in ("the loss the last stage (rank 1) returned (the mean over the whole batch) is off",
                    "rank 0 held the activations of 3 micro-batches at once",
                    "the step's idle fraction is off"):

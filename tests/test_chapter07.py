@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import pytest
 
-from grading_support import REPO, Course, forbidden_list, fresh_dir, grade_cells
+from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
 
 SLUG = "07-3d-parallelism"
 SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
@@ -68,11 +68,9 @@ def try_forbidden(seed):
     import torch.distributed as dist
 
     from distlab import comm, models, tensor_parallel
-    from distlab.guard import ForbiddenError
 
     mod = importlib.import_module
-    verdicts = {}
-    for name, call in {
+    verdicts = try_each({
         "distlab.mesh.Grid": lambda: __import__("distlab.mesh").mesh.Grid(dp=2),
         "import distlab.mesh": lambda: mod("distlab.mesh").grid_for(4, tp=2),
         "from distlab.mesh import ProcessGrid": lambda: exec("from distlab.mesh import ProcessGrid"),
@@ -84,14 +82,7 @@ def try_forbidden(seed):
         "dist.DeviceMesh": lambda: dist.DeviceMesh("cpu", [0, 1]),
         "torch.distributed.tensor.DeviceMesh": lambda: mod("torch.distributed.tensor").DeviceMesh("cpu", [0, 1]),
         "DeviceMesh.from_group": lambda: dist.DeviceMesh.from_group(dist.group.WORLD, "cpu"),
-    }.items():
-        try:
-            call()
-            verdicts[name] = "allowed"
-        except ForbiddenError:
-            verdicts[name] = "ForbiddenError"
-        except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict
-            verdicts[name] = f"{type(error).__name__}: {error}"
+    })
 
     # and what the exercise is built from still works: a group for every tp and dp group of a
     # dp=1 x tp=2 grid (every rank, every group), chapter 5's TP inside the tp group, an AVG
@@ -179,7 +170,7 @@ NO_MICRO_BATCHES_IN_FLIGHT = (  # the solution's activations, as if a stage held
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from, _with_answers
+    from test_grading import _answers_from
 
     solution = _answers_from(SOLUTION)
     answers = dict(solution)
@@ -187,19 +178,13 @@ def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
                                  ("task3-answer", NO_MICRO_BATCHES_IN_FLIGHT)):
         assert old in solution[grade_id], f"the solution's {grade_id} changed: update this test"
         answers[grade_id] = solution[grade_id].replace(old, new)
-    course = Course(tmp_path / "work")
-    release = course.release(SLUG)
-    incoming = fresh_dir(tmp_path / "incoming")
-    course.submit(incoming, "plausible", _with_answers(release, answers), SLUG)
-    proc = course.grade("class", SLUG, "--from", str(incoming), "--to", str(tmp_path / "grades.csv"))
-    assert proc.returncode == 0, course.log
-    scores = course.scores(SLUG)["plausible"]
+    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
     assert scores["task1-tests"] == 0.0, "a grid with dp the fastest-varying coordinate was not caught"
     assert scores["task2-tests"] == 0.0, "gradients averaged over the whole world were not caught"
     assert scores["task3-tests"] == 0.0, "a memory formula without the micro-batches in flight was not caught"
     assert scores["choice-tests"] == 2.0  # with pp = 1 the missing factor changes nothing: the choice stands
     assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
-    feedback = "".join(p.read_text() for p in (course.work / "autograded").rglob("*.ipynb"))
+    feedback = course.autograded_text()
     for reason in ("with tp the fastest-varying", "made all_reduce over a group of 4 ranks; average over the rank",
                    "off by more than 0.1%"):
         assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
