@@ -209,7 +209,8 @@ class Browser:
             method, params = event.get("method"), event.get("params", {})
             if method == "Network.requestWillBeSent":
                 request_urls[params["requestId"]] = params["request"]["url"]
-                page.requests.append(params["request"]["url"])
+                if not _is_implicit_favicon(params["request"]["url"]):  # only sometimes sent
+                    page.requests.append(params["request"]["url"])
             elif (method == "Network.responseReceived" and params["response"]["status"] >= 400
                   and not _is_implicit_favicon(params["response"]["url"])):
                 page.errors.append(f"HTTP {params['response']['status']}: {params['response']['url']}")

@@ -12,7 +12,10 @@ import pytest
 
 # Every run directory (and so every torchrun/worker command line) of this test session lives
 # under one private folder, so leftovers can be found without touching anyone else's processes.
-SESSION_TMP = Path(tempfile.mkdtemp(prefix="distlab-tests-"))
+# Under pytest-xdist each worker is its own session inside the controller's folder, with a short
+# name: paths below it hold Unix sockets (Slurm's, torch's), which may be at most 107 bytes long.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+SESSION_TMP = Path(tempfile.mkdtemp(prefix=f"{_WORKER}-" if _WORKER else "distlab-tests-"))
 os.environ["TMPDIR"] = str(SESSION_TMP)
 tempfile.tempdir = str(SESSION_TMP)
 

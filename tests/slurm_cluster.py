@@ -83,8 +83,24 @@ def node_hardware() -> str:
     return " ".join(field for field in first.split() if not field.startswith("NodeName="))
 
 
+# A Unix socket's path holds at most 107 bytes. slurmstepd puts one per job step in the spool
+# directory ("<spool>/<node>_<job>.<step>"); a longer path makes every task launch fail with
+# nothing better than "Unspecified error".
+SOCKET_PATH_LIMIT = 107
+
+
+def check_socket_paths(root: Path) -> None:
+    """Refuse a cluster directory so deep that slurmstepd's step sockets could not be created."""
+    longest = root / "spool" / max(NODES, key=len) / f"{max(NODES, key=len)}_4294967294.4294967294"
+    if len(os.fsencode(longest)) > SOCKET_PATH_LIMIT:
+        raise ClusterError(f"the cluster directory {root} is too deep: a job step's socket "
+                           f"({len(os.fsencode(longest))} bytes) would pass the {SOCKET_PATH_LIMIT}-byte "
+                           "limit of a Unix socket path. Use a shorter directory.")
+
+
 def write_config(root: Path) -> Path:
     """Write ``root/slurm.conf`` for a controller and two nodes on 127.0.0.1; return its path."""
+    check_socket_paths(root)
     for sub in ("state", "log", "munge"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for node in NODES:

@@ -206,6 +206,13 @@ def test_a_pool_cannot_be_a_batch_job(clean_env):
 
 # ---- on a real Slurm cluster ---------------------------------------------------------------------
 
+def test_a_cluster_directory_too_deep_for_slurmstepd_sockets_is_refused_by_name(tmp_path):
+    deep = tmp_path / ("d" * 100)
+    with pytest.raises(slurm_cluster.ClusterError, match="too deep.*107-byte"):
+        slurm_cluster.check_socket_paths(deep)
+    slurm_cluster.check_socket_paths(Path("/tmp/slurm-x/cluster"))  # a short one passes
+
+
 def _client(args: list[str]) -> str:
     """A Slurm client command against the test cluster (SLURM_CONF is set), with a timeout."""
     out = subprocess.run(args, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
@@ -219,7 +226,8 @@ def _jobs() -> list[str]:
 @pytest.fixture(scope="module")
 def cluster():
     """Start the private two-node cluster once for this module; tear it down by pid afterwards."""
-    root = Path(tempfile.mkdtemp(prefix="distlab-slurm-"))  # under the test session's folder
+    root = Path(tempfile.mkdtemp(prefix="slurm-"))  # under the test session's folder; kept short:
+    # slurmstepd's sockets live below it, and a Unix socket path has at most 107 bytes
     log = open(root / "supervisor.log", "wb")
     started = time.monotonic()
     supervisor = subprocess.Popen([sys.executable, slurm_cluster.__file__, str(root / "cluster")],
