@@ -83,15 +83,27 @@ def node_hardware() -> str:
     return " ".join(field for field in first.split() if not field.startswith("NodeName="))
 
 
-# A Unix socket's path holds at most 107 bytes. slurmstepd puts one per job step in the spool
-# directory ("<spool>/<node>_<job>.<step>"); a longer path makes every task launch fail with
-# nothing better than "Unspecified error".
+# A Unix socket's path holds at most 107 bytes. slurmstepd makes one per job step in the spool
+# directory, "<spool>/<node>_<job>.<step>", and a batch script's step is number 4294967291; a
+# longer path makes every task launch fail with nothing better than "Unspecified error". The
+# spool directory's name is kept to one letter for this reason.
 SOCKET_PATH_LIMIT = 107
 
 
+def spool_dir(root: Path, node: str) -> Path:
+    """``node``'s slurmd spool directory (``%n`` in slurm.conf stands for every node)."""
+    return root / "s" / node
+
+
+def step_socket(root: Path, node: str, job: int, step: int) -> Path:
+    """Where slurmstepd puts the socket of step ``job.step`` on ``node``."""
+    return spool_dir(root, node) / f"{node}_{job}.{step}"
+
+
 def check_socket_paths(root: Path) -> None:
-    """Refuse a cluster directory so deep that slurmstepd's step sockets could not be created."""
-    longest = root / "spool" / max(NODES, key=len) / f"{max(NODES, key=len)}_4294967294.4294967294"
+    """Refuse a cluster directory so deep that slurmstepd's step sockets could not be created
+    (for job ids of up to seven digits)."""
+    longest = step_socket(root, max(NODES, key=len), 9_999_999, 4294967291)
     if len(os.fsencode(longest)) > SOCKET_PATH_LIMIT:
         raise ClusterError(f"the cluster directory {root} is too deep: a job step's socket "
                            f"({len(os.fsencode(longest))} bytes) would pass the {SOCKET_PATH_LIMIT}-byte "
@@ -104,7 +116,7 @@ def write_config(root: Path) -> Path:
     for sub in ("state", "log", "munge"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for node in NODES:
-        (root / "spool" / node).mkdir(parents=True, exist_ok=True)
+        spool_dir(root, node).mkdir(parents=True, exist_ok=True)
     hardware = node_hardware()
     ctl_port = free_port()
     lines = [
@@ -118,7 +130,7 @@ def write_config(root: Path) -> Path:
         "CredType=cred/munge",
         f"AuthInfo=socket={root}/munge/munge.socket",
         f"StateSaveLocation={root}/state",
-        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmdSpoolDir={spool_dir(root, '%n')}",
         f"SlurmctldPidFile={root}/slurmctld.pid",
         f"SlurmdPidFile={root}/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",

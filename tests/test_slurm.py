@@ -210,7 +210,8 @@ def test_a_cluster_directory_too_deep_for_slurmstepd_sockets_is_refused_by_name(
     deep = tmp_path / ("d" * 100)
     with pytest.raises(slurm_cluster.ClusterError, match="too deep.*107-byte"):
         slurm_cluster.check_socket_paths(deep)
-    slurm_cluster.check_socket_paths(Path("/tmp/slurm-x/cluster"))  # a short one passes
+    ours = Path("/tmp/distlab-tests-abcdefgh/gw1-abcdefgh/slurm-abcdefgh/cluster")  # under an xdist worker
+    slurm_cluster.check_socket_paths(ours)
 
 
 def _client(args: list[str]) -> str:
