@@ -196,6 +196,42 @@ def test_guard_forbids_apis_and_their_bypasses_files_processes_and_signals():
         assert "not allowed in this exercise" in result, f"{what}: {result}"
 
 
+def _reach_forbidden_through_their_holders():
+    """Forbid two modules and a class, then reach each through modules that imported it."""
+    import torch.nn.parallel.distributed
+
+    import distlab.parallel3d
+    import distlab.zero
+    from distlab import guard
+
+    guard.forbid("distlab.tensor_parallel", "distlab.ddp", "torch.nn.parallel.DistributedDataParallel")
+    roads = {
+        "distlab.tensor_parallel": lambda: sys.modules["distlab.tensor_parallel"].ColumnParallelLinear,
+        "distlab.parallel3d.tensor_parallel": lambda: distlab.parallel3d.tensor_parallel.ColumnParallelLinear,
+        "distlab.zero.ddp": lambda: distlab.zero.ddp.average_gradients,
+        "torch.nn.parallel.DistributedDataParallel": lambda: torch.nn.parallel.DistributedDataParallel(None),
+        "torch.nn.parallel.distributed.DistributedDataParallel":
+            lambda: torch.nn.parallel.distributed.DistributedDataParallel(None),
+    }
+    outcome = {}
+    for road, attempt in roads.items():
+        try:
+            attempt()
+            outcome[road] = "reached"
+        except Exception as exc:  # noqa: BLE001
+            outcome[road] = type(exc).__name__
+    return outcome
+
+
+def test_a_forbidden_api_stays_forbidden_where_other_modules_hold_it_on_every_call_of_a_warm_pool():
+    # Between calls a warm pool puts back what a call replaced in distlab's modules, the real
+    # module included where another module holds it; the next call's forbid must find it again.
+    with distlab.Pool(2):
+        for call in range(3):
+            for outcome in distlab.run(_reach_forbidden_through_their_holders, nprocs=2, timeout=90):
+                assert set(outcome.values()) == {"ForbiddenError"}, (call, outcome)
+
+
 def _allocate_and_report(gib):
     try:
         torch.ones(int(gib * 2**30) // 4)

@@ -194,44 +194,47 @@ def _all_subclasses(cls) -> list:
     return found
 
 
-def _forbid_module(name: str) -> None:
+_genuine: dict[str, object] = {}
+"""The real module, class or function behind each forbidden name, recorded the first time it
+is forbidden in this process. On a warm pool :mod:`distlab.isolation` puts the real object back
+into the modules that held it after every call (``distlab.parallel3d.tensor_parallel``), while
+``sys.modules`` keeps the stand-in: the next call finds those holders again through this record."""
+
+
+def _forbid_module(name: str) -> dict[int, object]:
+    """Put a stand-in in ``sys.modules`` for a module and its submodules; return what to replace."""
     try:
         module = importlib.import_module(name)
         path = getattr(module, "__file__", None)
         if path:
             _forbidden_files.add(os.path.realpath(path))
     except ImportError:
-        module = None
+        pass
     stand_in = ForbiddenModule(name)
-    keys = [k for k in sys.modules if k == name or k.startswith(name + ".")]
-    originals = {id(sys.modules[k]): sys.modules[k] for k in keys if not isinstance(sys.modules[k], ForbiddenModule)}
-    for key in keys:
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        if not isinstance(sys.modules[key], ForbiddenModule):
+            _genuine.setdefault(key, sys.modules[key])
         sys.modules[key] = stand_in
-    parent, _, child = name.rpartition(".")
-    if parent and parent in sys.modules:
-        setattr(sys.modules[parent], child, stand_in)
-    # A module that imported it holds it too (``from distlab import tensor_parallel`` in a
-    # preloaded distlab module): replace it there, or it stays one attribute away.
-    for mod in list(sys.modules.values()):
-        try:
-            held = [attr for attr, value in vars(mod).items() if id(value) in originals]
-            for attr in held:
-                setattr(mod, attr, stand_in)
-        except Exception:  # noqa: BLE001 - odd modules that refuse vars() or setattr
-            continue
+    return {id(real): stand_in for key, real in _genuine.items() if key == name or key.startswith(name + ".")}
 
 
-def _forbid_object(name: str) -> None:
-    """A class or function given by its dotted name: replace it in every loaded module exporting it."""
+def _forbid_object(name: str) -> dict[int, object]:
+    """A class or function given by its dotted name: return its replacement, keyed by the original."""
     module_name, _, attr = name.rpartition(".")
-    module = importlib.import_module(module_name)
-    original = getattr(module, attr)
-    stand_in = _forbidden_class(name) if isinstance(original, type) else _raiser(name)
+    original = _genuine.setdefault(name, getattr(importlib.import_module(module_name), attr))
+    return {id(original): _forbidden_class(name) if isinstance(original, type) else _raiser(name)}
+
+
+def _replace_everywhere(replacements: dict[int, object]) -> None:
+    """Wherever a loaded module holds an original (``from distlab import tensor_parallel``, a
+    parent package's attribute, a re-export such as ``torch.distributed.DeviceMesh``, an alias),
+    put its stand-in instead: otherwise the original stays one attribute away."""
     for mod in list(sys.modules.values()):
         try:
-            if mod is not None and getattr(mod, attr, None) is original:
-                setattr(mod, attr, stand_in)
-        except Exception:  # noqa: BLE001 - odd modules that refuse setattr
+            for attr, value in list(vars(mod).items()):
+                if id(value) in replacements:
+                    setattr(mod, attr, replacements[id(value)])
+        except Exception:  # noqa: BLE001 - stand-ins and odd modules that refuse vars() or setattr
             continue
 
 
@@ -242,23 +245,29 @@ def forbid(*names: str) -> None:
     or function by its dotted path (``"torch.nn.parallel.DistributedDataParallel"``), or a
     module (``"distlab.collectives"``).
     """
+    replacements: dict[int, object] = {}
     for name in names:
         short = name.removeprefix("torch.distributed.").removeprefix("dist.")
         if short in _COLLECTIVE_ALIASES:
             for op in (short,) + _SAME_COLLECTIVE.get(short, ()):
                 _forbid_collective(op)
-            continue
-        if isinstance(sys.modules.get(name), ForbiddenModule):  # again, on a warm rank
-            _forbid_module(name)
-            continue
-        try:
-            spec_found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError, AttributeError):
-            spec_found = False
-        if spec_found:
-            _forbid_module(name)
+        elif _is_module(name):
+            replacements.update(_forbid_module(name))
         else:
-            _forbid_object(name)
+            replacements.update(_forbid_object(name))
+    _replace_everywhere(replacements)  # one pass over the loaded modules for all the names
+
+
+def _is_module(name: str) -> bool:
+    """Whether a forbidden name is a module (else a class or function)."""
+    if name in _genuine:  # forbidden before, on a warm rank (``find_spec`` would ask the stand-in)
+        return isinstance(_genuine[name], types.ModuleType)
+    if isinstance(sys.modules.get(name), ForbiddenModule):
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError, AttributeError):
+        return False
 
 
 # -- the audit hook: protected paths and processes -----------------------------------------------
