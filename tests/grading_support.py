@@ -7,6 +7,7 @@ repository's ``grader/work`` or ``notebooks/``.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sqlite3
@@ -96,17 +97,44 @@ def solution_path(slug: str) -> Path:
     return REPO / "solutions" / slug / f"{slug}.ipynb"
 
 
+@functools.lru_cache(maxsize=None)
+def _solution(slug: str):
+    """The solution notebook, read once per test session (callers get copies of its parts)."""
+    import nbformat
+
+    return nbformat.read(str(solution_path(slug)), as_version=4)
+
+
 def forbidden_list(slug: str) -> list[str]:
     """The names an assignment switches off on the ranks (its notebook metadata, in order)."""
-    import json
+    return list(_solution(slug).metadata["distlab"]["forbidden"])
 
-    return json.loads(solution_path(slug).read_text())["metadata"]["distlab"]["forbidden"]
+
+def _cells_by_grade_id(slug: str, kind: str) -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in _solution(slug).cells
+            if c.metadata.get("nbgrader", {}).get(kind)}
 
 
 def grade_cells(slug: str) -> dict:
     """``{grade_id: source}`` of every nbgrader cell of an assignment's solution notebook."""
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(solution_path(slug))
-            if c.metadata.get("nbgrader", {}).get("grade_id")}
+    return _cells_by_grade_id(slug, "grade_id")
+
+
+def solution_answers(slug: str) -> dict:
+    """``{grade_id: source}`` of the cells a student answers, as the solution answers them."""
+    return _cells_by_grade_id(slug, "solution")
+
+
+def with_answers(release_path, answers: dict) -> bytes:
+    """The released notebook with ``answers`` (``{grade_id: source}``) put in: a submission."""
+    import nbformat
+
+    nb = nbformat.read(str(release_path), as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return nbformat.writes(nb).encode()
 
 
 def hidden_test_lines(slug: str = SLUG) -> list[str]:
@@ -114,7 +142,7 @@ def hidden_test_lines(slug: str = SLUG) -> list[str]:
     from distlab.grade.cleanroom import _hidden_lines
 
     lines = []
-    for cell in notebook_cells(REPO / "solutions" / slug / f"{slug}.ipynb"):
+    for cell in _solution(slug).cells:
         source_lines = cell.source.splitlines()
         for number in sorted(_hidden_lines(cell.source)):
             text = source_lines[number - 1].strip()
@@ -134,12 +162,10 @@ def grade_one_student(root: Path, slug: str, student: str, answers: dict) -> tup
     """Release ``slug``, submit its release with ``answers`` (``{grade_id: source}``) filled in as
     ``student``, and take that one student through ``grade class``; return the course and the
     student's ``{test grade id: score}``."""
-    from test_grading import _with_answers
-
     course = Course(root / "work")
     release = course.release(slug)
     incoming = fresh_dir(root / "incoming")
-    course.submit(incoming, student, _with_answers(release, answers), slug)
+    course.submit(incoming, student, with_answers(release, answers), slug)
     proc = course.grade("class", slug, "--from", str(incoming), "--to", str(root / "grades.csv"))
     assert proc.returncode == 0, course.log
     return course, course.scores(slug)[student]

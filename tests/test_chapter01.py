@@ -7,12 +7,10 @@ over every folder of solutions/, this one included.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import distlab
-from grading_support import REPO, grade_one_student, notebook_cells
+from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 SLUG = "01-data-loading"
 
@@ -21,33 +19,25 @@ def try_the_forbidden(forbidden):
     from distlab.guard import forbid
 
     forbid(*forbidden)
-    verdicts = {}
-    try:
-        import torch.utils.data
+    import torch.utils.data
 
-        torch.utils.data.DistributedSampler(range(10), 2, 0)
-        verdicts["torch.utils.data.DistributedSampler"] = "allowed"
-    except Exception as error:  # noqa: BLE001 - ForbiddenError is what we hope for
-        verdicts["torch.utils.data.DistributedSampler"] = type(error).__name__
-    try:
-        from distlab.data import sharding
+    from distlab.data import sharding
 
-        sharding.DistributedSampler(10, 2, 0)
-        verdicts["distlab.data.sharding"] = "allowed"
-    except Exception as error:  # noqa: BLE001
-        verdicts["distlab.data.sharding"] = type(error).__name__
-    return verdicts
+    return try_each({
+        "torch.utils.data.DistributedSampler": lambda: torch.utils.data.DistributedSampler(range(10), 2, 0),
+        "distlab.data.sharding": lambda: sharding.DistributedSampler(10, 2, 0),
+    })
 
 
 def test_the_reference_sampler_and_torchs_are_closed_on_graded_ranks():
-    forbidden = json.loads((REPO / "solutions" / SLUG / f"{SLUG}.ipynb").read_text())["metadata"]["distlab"]["forbidden"]
+    forbidden = forbidden_list(SLUG)
     for verdicts in distlab.run(try_the_forbidden, forbidden, nprocs=2):
         assert verdicts == {"torch.utils.data.DistributedSampler": "ForbiddenError",
                             "distlab.data.sharding": "ForbiddenError"}, verdicts
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    cells = notebook_cells(REPO / "solutions" / SLUG / f"{SLUG}.ipynb")
+    cells = notebook_cells(solution_path(SLUG))
     tests = [c.source for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert len(tests) >= 5 and all("BEGIN HIDDEN TESTS" in t for t in tests)
     coding = [t for t in tests if "on_ranks" in t or "step_on_ranks" in t]
@@ -77,9 +67,7 @@ def batch_sampler_shard(num_samples, global_batch_size, epoch, seed, rank, world
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_sampler_without_padding_and_strided_slices_score_zero(tmp_path):
-    from test_grading import _answers_from
-
-    answers = {**_answers_from(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"),
+    answers = {**solution_answers(SLUG),
                "task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES}
     course, scores = grade_one_student(tmp_path, SLUG, "wrong", answers)
     assert scores["task1-tests"] == 0.0, "a sampler without padding was not caught"

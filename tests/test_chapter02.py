@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import distlab
-from grading_support import REPO, grade_one_student, notebook_cells
+from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 SLUG = "02-collectives"
 
@@ -31,13 +30,7 @@ def try_every_road(forbidden):
         "group.all_gather_single": lambda: group.all_gather_single(torch.empty(2), torch.ones(1)),
         "broadcast": lambda: dist.broadcast(torch.ones(2), src=0),
     }
-    verdicts = {}
-    for name, call in roads.items():
-        try:
-            call()
-            verdicts[name] = "allowed"
-        except Exception as error:  # noqa: BLE001 - ForbiddenError is what we hope for
-            verdicts[name] = type(error).__name__
+    verdicts = try_each(roads)
     # Point-to-point stays allowed: it is what the exercise is built from.
     peer = 1 - dist.get_rank()
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(1), peer),
@@ -49,14 +42,14 @@ def try_every_road(forbidden):
 
 
 def test_every_spelling_of_a_forbidden_collective_is_closed():
-    forbidden = json.loads((REPO / "solutions" / SLUG / f"{SLUG}.ipynb").read_text())["metadata"]["distlab"]["forbidden"]
+    forbidden = forbidden_list(SLUG)
     for verdicts in distlab.run(try_every_road, forbidden, nprocs=2):
         assert verdicts.pop("batch_isend_irecv") == "allowed"
         assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
 
 
 def test_the_reference_solution_matches_the_book_and_the_exercise_uses_2_and_4_ranks():
-    sources = "\n".join(c.source for c in notebook_cells(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"))
+    sources = "\n".join(c.source for c in notebook_cells(solution_path(SLUG)))
     assert "nprocs=2" in sources and "nprocs=4" in sources
     assert "forbidden=FORBIDDEN" in sources
 
@@ -94,9 +87,7 @@ def ring_reduce_scatter(tensor):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_naive_all_reduce_and_a_disguised_builtin_score_zero(tmp_path):
-    from test_grading import _answers_from
-
-    answers = {**_answers_from(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"),
+    answers = {**solution_answers(SLUG),
                "task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE}
     course, scores = grade_one_student(tmp_path, SLUG, "sneaky", answers)
     assert scores["task1-tests"] == 0.0, "the built-in reduce-scatter was not caught"

@@ -11,11 +11,9 @@ import inspect
 import pytest
 
 import distlab
-from grading_support import REPO, forbidden_list, grade_one_student, notebook_cells, try_each
+from grading_support import forbidden_list, grade_cells, grade_one_student, solution_answers, try_each
 
 SLUG = "03-ddp"
-SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
-
 
 
 def test_every_public_function_of_distlab_ddp_and_torch_ddp_are_forbidden():
@@ -28,7 +26,7 @@ def test_every_public_function_of_distlab_ddp_and_torch_ddp_are_forbidden():
     assert "torch.nn.parallel.DistributedDataParallel" in forbidden
     missing = {name for name in public if f"distlab.ddp.{name}" not in forbidden}
     assert not missing, f"add to the exercise's forbidden list: {sorted(missing)}"
-    setup = next(c.source for c in notebook_cells(SOLUTION) if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+    setup = grade_cells(SLUG)["setup"]
     assert "FORBIDDEN" in setup and all(name in setup for name in public)
 
 
@@ -55,8 +53,7 @@ def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_the_awkward_model_hidden():
-    cells = {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(SOLUTION)
-             if c.metadata.get("nbgrader", {}).get("grade_id")}
+    cells = grade_cells(SLUG)
     for task in ("task1-tests", "task2-tests", "task3-tests"):
         visible, hidden = cells[task].split("### BEGIN HIDDEN TESTS")
         assert "nprocs=2" in visible and "nprocs=4" in hidden, task
@@ -123,9 +120,7 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from
-
-    answers = {**_answers_from(SOLUTION), "task1-answer": NO_BROADCAST,
+    answers = {**solution_answers(SLUG), "task1-answer": NO_BROADCAST,
                "task2-answer": BLOCKING_AFTER_BACKWARD, "task3-answer": SYNC_EVERY_MICRO_STEP}
     course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
     assert scores["task1-tests"] == 0.0, "a missing broadcast was not caught"

@@ -11,12 +11,9 @@ from __future__ import annotations
 import pytest
 
 import distlab
-from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
+from grading_support import forbidden_list, grade_cells, grade_one_student, solution_answers, try_each
 
 SLUG = "04-zero-fsdp"
-SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
-
-
 
 
 def test_the_reference_and_torchs_fsdp_and_zero_are_forbidden_in_metadata_and_setup():
@@ -162,9 +159,7 @@ class ZeRO3:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from
-
-    answers = {**_answers_from(SOLUTION), "task1-answer": FULL_OPTIMIZER_STATE,
+    answers = {**solution_answers(SLUG), "task1-answer": FULL_OPTIMIZER_STATE,
                "task2-answer": ALL_REDUCE_THEN_SLICE, "task3-answer": NEVER_FREED}
     course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
     assert scores["task1-tests"] == 0.0, "a ZeRO-1 keeping the full optimizer state was not caught"

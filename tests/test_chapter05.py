@@ -32,12 +32,9 @@ from __future__ import annotations
 import pytest
 
 import distlab
-from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
+from grading_support import forbidden_list, grade_cells, grade_one_student, solution_answers, try_each
 
 SLUG = "05-tensor-parallel"
-SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
-
-
 
 
 def test_the_references_dtensor_tp_and_differentiable_collectives_are_forbidden_in_metadata_and_setup():
@@ -217,9 +214,7 @@ def vocab_parallel_cross_entropy(local_logits, targets):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from
-
-    solution = _answers_from(SOLUTION)
+    solution = solution_answers(SLUG)
     old, new = BIAS_BEFORE_THE_SUM
     assert old in solution["task1-answer"], "the solution's row-parallel forward changed: update this test"
     answers = {**solution, "task1-answer": solution["task1-answer"].replace(old, new),

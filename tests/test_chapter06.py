@@ -33,12 +33,9 @@ import time
 import pytest
 
 import distlab
-from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
+from grading_support import forbidden_list, grade_cells, grade_one_student, solution_answers, try_each
 
 SLUG = "06-pipeline"
-SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
-
-
 
 
 def test_the_references_and_torchs_pipelining_are_forbidden_in_metadata_and_setup():
@@ -200,9 +197,7 @@ def bubble_fraction(spans):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from
-
-    solution = _answers_from(SOLUTION)
+    solution = solution_answers(SLUG)
     for task, (old, _new) in (("task1-answer", LOSS_NOT_DIVIDED), ("task2-answer", ONE_WARMUP_TOO_MANY)):
         assert old in solution[task], f"the solution's {task} changed: update this test"
     answers = {**solution, "task1-answer": solution["task1-answer"].replace(*LOSS_NOT_DIVIDED),

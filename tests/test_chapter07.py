@@ -38,12 +38,9 @@ from __future__ import annotations
 
 import pytest
 
-from grading_support import REPO, forbidden_list, grade_cells, grade_one_student, try_each
+from grading_support import forbidden_list, grade_cells, grade_one_student, solution_answers, try_each
 
 SLUG = "07-3d-parallelism"
-SOLUTION = REPO / "solutions" / SLUG / f"{SLUG}.ipynb"
-
-
 
 
 def test_the_references_and_device_mesh_are_forbidden_in_metadata_and_setup():
@@ -170,9 +167,7 @@ NO_MICRO_BATCHES_IN_FLIGHT = (  # the solution's activations, as if a stage held
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    from test_grading import _answers_from
-
-    solution = _answers_from(SOLUTION)
+    solution = solution_answers(SLUG)
     answers = dict(solution)
     for grade_id, (old, new) in (("task1-answer", DP_FASTEST), ("task2-answer", WORLD_AVERAGE),
                                  ("task3-answer", NO_MICRO_BATCHES_IN_FLIGHT)):

@@ -11,10 +11,10 @@ import re
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from grading_support import REPO, SLUG, Course, fresh_dir, hidden_test_lines, notebook_cells
+from grading_support import (REPO, SLUG, Course, fresh_dir, hidden_test_lines, notebook_cells, solution_answers,
+                             with_answers)
 
 SECONDS_PER_NOTEBOOK = 120
 """Time bound per autograded notebook in these tests. The target is 60 s on 2 idle cores
@@ -29,20 +29,6 @@ PARTIAL_ANSWERS = {  # task 1 right; task 2 fails a visible test; task 3 fails o
 
 def slugs() -> list[str]:
     return sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").exists())
-
-
-def _answers_from(notebook_path) -> dict:
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(notebook_path)
-            if c.metadata.get("nbgrader", {}).get("solution")}
-
-
-def _with_answers(release_path, answers: dict) -> bytes:
-    nb = nbformat.read(str(release_path), as_version=4)
-    for cell in nb.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if grade_id in answers:
-            cell.source = answers[grade_id]
-    return nbformat.writes(nb).encode()
 
 
 # -- gate 1: the release -------------------------------------------------------------------------
@@ -66,11 +52,9 @@ def test_release_contains_no_solution_code_and_no_hidden_tests(slug):
     release = (REPO / "notebooks" / slug / f"{slug}.ipynb").read_text()
     for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
         assert marker not in release
-    for cell in notebook_cells(REPO / "solutions" / slug / f"{slug}.ipynb"):
-        if not cell.metadata.get("nbgrader", {}).get("solution"):
-            continue
+    for source in solution_answers(slug).values():
         inside = False
-        for line in cell.source.splitlines():
+        for line in source.splitlines():
             if "BEGIN SOLUTION" in line:
                 inside = True
             elif "END SOLUTION" in line:
@@ -87,8 +71,7 @@ def test_release_contains_no_solution_code_and_no_hidden_tests(slug):
 def test_no_hidden_test_line_is_also_a_line_of_the_solution(slug):
     """Feedback shows a student's own code; a hidden-test line that the solution also contains
     would look like a leak there (the slow feedback test below checks the real pages)."""
-    answers = "\n".join(c.source for c in notebook_cells(REPO / "solutions" / slug / f"{slug}.ipynb")
-                        if c.metadata.get("nbgrader", {}).get("solution"))
+    answers = "\n".join(solution_answers(slug).values())
     release = (REPO / "notebooks" / slug / f"{slug}.ipynb").read_text()
     shared = [line for line in hidden_test_lines(slug) if line in answers and json.dumps(line)[1:-1] not in release]
     assert not shared, f"{slug}: hidden-test lines that the solution also has (spell them differently): {shared}"
@@ -105,11 +88,11 @@ def graded_class(tmp_path_factory):
     for slug in slugs():
         release = course.release(slug)
         incoming = fresh_dir(root / f"incoming-{slug}")
-        course.submit(incoming, "full", _with_answers(release, _answers_from(REPO / "solutions" / slug / f"{slug}.ipynb")), slug)
+        course.submit(incoming, "full", with_answers(release, solution_answers(slug)), slug)
         course.submit(incoming, "empty", release.read_bytes(), slug)
         if slug == SLUG:
-            answers = {**_answers_from(REPO / "solutions" / slug / f"{slug}.ipynb"), **PARTIAL_ANSWERS}
-            course.submit(incoming, "partial", _with_answers(release, answers), slug)
+            answers = {**solution_answers(slug), **PARTIAL_ANSWERS}
+            course.submit(incoming, "partial", with_answers(release, answers), slug)
         start = time.monotonic()
         proc = course.grade("class", slug, "--from", str(incoming), "--to", str(root / f"grades-{slug}.csv"))
         runs[slug] = {"seconds": time.monotonic() - start, "returncode": proc.returncode,
