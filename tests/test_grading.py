@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grading_support import (REPO, SLUG, Course, fresh_dir, hidden_test_lines, notebook_cells, solution_answers,
-                             with_answers)
+from grading_support import (REPO, SLUG, Course, forbidden_list, fresh_dir, grade_cells, hidden_test_lines,
+                             notebook_cells, solution_answers, with_answers)
 
 SECONDS_PER_NOTEBOOK = 120
 """Time bound per autograded notebook in these tests. The target is 60 s on 2 idle cores
@@ -75,6 +75,29 @@ def test_no_hidden_test_line_is_also_a_line_of_the_solution(slug):
     release = (REPO / "notebooks" / slug / f"{slug}.ipynb").read_text()
     shared = [line for line in hidden_test_lines(slug) if line in answers and json.dumps(line)[1:-1] not in release]
     assert not shared, f"{slug}: hidden-test lines that the solution also has (spell them differently): {shared}"
+
+
+@pytest.mark.parametrize("slug", slugs())
+def test_the_setup_cell_forbids_exactly_what_the_notebook_metadata_lists(slug):
+    """Two copies of one list: the metadata is what the instructor's tools read, the setup
+    cell's ``FORBIDDEN`` is what the ranks switch off. They must not drift apart."""
+    import ast
+
+    listed = forbidden_list(slug)
+    setup = grade_cells(slug).get("setup", "")
+    if not listed and "FORBIDDEN" not in setup:
+        return  # an assignment that forbids nothing (the first steps)
+    # FORBIDDEN may be built from the constants before it (chapter 3 lists the names of
+    # distlab.ddp once): run the setup cell's top-level constant assignments up to it.
+    constants: dict = {}
+    for node in ast.parse(setup).body:
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets):
+            exec(compile(ast.Module([node], type_ignores=[]), slug, "exec"), constants)
+            if "FORBIDDEN" in constants:
+                break
+    assert "FORBIDDEN" in constants, f"{slug}: the setup cell must assign FORBIDDEN at its top level"
+    assert list(constants["FORBIDDEN"]) == listed, f"{slug}: setup FORBIDDEN != metadata forbidden"
+    assert "forbidden=FORBIDDEN" in setup, f"{slug}: the setup cell's runs must pass forbidden=FORBIDDEN"
 
 
 # -- gates 2 and 3: a class through the whole pipeline -------------------------------------------
