@@ -37,6 +37,12 @@ def test_gantt_rows_per_rank_and_lane():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 compute", "rank 0 comm", "rank 1 stage 1"]
     widths = sorted(p.get_width() for p in ax.patches)
     assert widths == [1000.0, 1000.0, 1000.0, 2000.0]  # milliseconds
+    assert ax.get_legend()._loc == 1 and ax.get_legend()._ncols == 3  # upper right, one row
+    beside = gantt(events, legend="beside")  # anchored by its upper left corner at the axes' right edge
+    assert beside.get_legend()._loc == 2
+    assert beside.get_legend().get_bbox_to_anchor().x0 == pytest.approx(beside.bbox.x1)
+    with pytest.raises(ValueError, match="legend must be"):
+        gantt(events, legend="below")
 
 
 def traced_overlapped_step():

@@ -810,7 +810,4 @@ def draw(events, ax=None, title: str = "", unit: str = "ms", labels: bool = True
     """
     from distlab.trace import gantt
 
-    ax = gantt(events, ax=ax, colours=COLOURS, labels=labels, unit=unit, title=title)
-    ax.legend(handles=ax.get_legend().legend_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0),
-              frameon=False)                                  # beside the chart: a pipeline's bars fill every corner
-    return ax
+    return gantt(events, ax=ax, colours=COLOURS, labels=labels, unit=unit, title=title, legend="beside")

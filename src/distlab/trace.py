@@ -169,13 +169,16 @@ def _union(spans):
 
 
 def gantt(events, ax=None, colours: dict | None = None, labels: bool = False, unit: str = "ms",
-          title: str = ""):
+          title: str = "", legend: str = "inside"):
     """Draw a Gantt chart: one row per (rank, lane), one bar per event, coloured by kind.
 
     ``events``: a list of events, or one list per rank. Time 0 is the earliest start.
     ``labels=True`` writes each event's name on its bar (for pipeline schedules with few,
-    wide bars). Returns the matplotlib axes.
+    wide bars). ``legend="beside"`` puts the legend right of the chart, for timelines whose
+    bars fill every corner. Returns the matplotlib axes.
     """
+    if legend not in ("inside", "beside"):
+        raise ValueError(f"legend must be 'inside' or 'beside', got {legend!r}")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -205,6 +208,9 @@ def gantt(events, ax=None, colours: dict | None = None, labels: bool = False, un
     ax.set_xlabel(f"time ({unit})")
     if title:
         ax.set_title(title, fontsize=10)
-    ax.legend(handles=[Patch(color=colours.get(k, colours["other"]), label=k) for k in kinds],
-              fontsize=7, loc="upper right", ncol=len(kinds))
+    handles = [Patch(color=colours.get(k, colours["other"]), label=k) for k in kinds]
+    if legend == "inside":
+        ax.legend(handles=handles, fontsize=7, loc="upper right", ncol=len(kinds))
+    else:
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return ax
