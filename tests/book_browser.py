@@ -209,13 +209,14 @@ class Browser:
             method, params = event.get("method"), event.get("params", {})
             if method == "Network.requestWillBeSent":
                 request_urls[params["requestId"]] = params["request"]["url"]
-                if not _is_implicit_favicon(params["request"]["url"]):  # only sometimes sent
-                    page.requests.append(params["request"]["url"])
-            elif (method == "Network.responseReceived" and params["response"]["status"] >= 400
-                  and not _is_implicit_favicon(params["response"]["url"])):
+            about = (params.get("request") or params.get("response") or params.get("entry") or {}).get("url")
+            if _is_implicit_favicon(about or request_urls.get(params.get("requestId"), "")):
+                continue  # sent by Chromium itself, and only sometimes
+            if method == "Network.requestWillBeSent":
+                page.requests.append(params["request"]["url"])
+            elif method == "Network.responseReceived" and params["response"]["status"] >= 400:
                 page.errors.append(f"HTTP {params['response']['status']}: {params['response']['url']}")
-            elif (method == "Network.loadingFailed" and not params.get("canceled")
-                  and not _is_implicit_favicon(request_urls.get(params["requestId"], ""))):
+            elif method == "Network.loadingFailed" and not params.get("canceled"):
                 page.errors.append(f"request failed ({params.get('errorText')}): "
                                    f"{request_urls.get(params['requestId'], '?')}")
             elif method == "Runtime.exceptionThrown":
@@ -225,8 +226,7 @@ class Browser:
             elif method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
                 args = " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
                 page.errors.append(f"console.{params['type']}: {args}")
-            elif (method == "Log.entryAdded" and params["entry"]["level"] == "error"
-                  and not _is_implicit_favicon(params["entry"].get("url", ""))):
+            elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
                 entry = params["entry"]
                 page.errors.append(f"browser log: {entry['text']} {entry.get('url', '')}".strip())
         return page
