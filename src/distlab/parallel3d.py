@@ -243,21 +243,6 @@ def torch_loss(model: nn.Module, batch, tp: int) -> torch.Tensor:
     return loss
 
 
-def train_torch(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, optimizer: str = "sgd",
-                seed: int = 0, config: dict | None = None, keep_gradients: bool = False) -> dict:
-    """:func:`train` with DTensor TP + FSDP2 (:func:`torch_parallelize`); same data, same result keys.
-
-    Differences: ``sent`` has only ``"dp"``, FSDP2's all-gathers and reduce-scatters (DTensor's
-    collectives bypass the Python functions :mod:`distlab.comm` records); ``calls`` is
-    ``CommDebugMode``'s count of every collective, TP's included. ``gradients`` and
-    ``expected`` are full tensors named as in TinyGPT (:func:`distlab.dtensor_tp.reference_gradients`).
-    """
-    if grid.pp > 1:
-        raise NotImplementedError("pp > 1 with torch's tools: torch.distributed.pipelining would plug in here")
-    with _quiet():
-        return _train_torch(grid, steps, lr, batch_size, optimizer, seed, dict(config or {}), keep_gradients)
-
-
 @contextmanager
 def _quiet():
     """Silence advice of FSDP2 and DTensor that does not apply here (view outputs, hooks, strided gathers)."""
@@ -275,11 +260,23 @@ def _quiet():
             logger.setLevel(level)
 
 
-def _train_torch(grid, steps, lr, batch_size, optimizer, seed, config, keep_gradients) -> dict:
+@_quiet()
+def train_torch(grid: Grid, steps: int = 3, lr: float = 0.1, batch_size: int = 8, optimizer: str = "sgd",
+                seed: int = 0, config: dict | None = None, keep_gradients: bool = False) -> dict:
+    """:func:`train` with DTensor TP + FSDP2 (:func:`torch_parallelize`); same data, same result keys.
+
+    Differences: ``sent`` has only ``"dp"``, FSDP2's all-gathers and reduce-scatters (DTensor's
+    collectives bypass the Python functions :mod:`distlab.comm` records); ``calls`` is
+    ``CommDebugMode``'s count of every collective, TP's included. ``gradients`` and
+    ``expected`` are full tensors named as in TinyGPT (:func:`distlab.dtensor_tp.reference_gradients`).
+    """
     from torch.distributed.tensor.debug import CommDebugMode
 
     from distlab import dtensor_tp
 
+    if grid.pp > 1:
+        raise NotImplementedError("pp > 1 with torch's tools: torch.distributed.pipelining would plug in here")
+    config = dict(config or {})
     mesh = device_mesh(grid)
     tp, dp, dp_rank = grid.tp, grid.dp, mesh["dp"].get_local_rank()
     model = torch_parallelize(models.build("gpt", seed=seed, **config), mesh)
