@@ -137,6 +137,20 @@ def with_answers(release_path, answers: dict) -> bytes:
     return nbformat.writes(nb).encode()
 
 
+@functools.lru_cache(maxsize=None)
+def release_text(slug: str) -> str:
+    """The student notebook of ``notebooks/``, as its JSON text."""
+    return (REPO / "notebooks" / slug / f"{slug}.ipynb").read_text()
+
+
+def in_plain_sight(line: str, slug: str) -> bool:
+    """Whether the released notebook itself shows ``line`` (an import, say): showing it again
+    in feedback leaks nothing."""
+    import json
+
+    return json.dumps(line)[1:-1] in release_text(slug)
+
+
 def hidden_test_lines(slug: str = SLUG) -> list[str]:
     """Every non-trivial line of hidden-test code in the solution notebook."""
     from distlab.grade.cleanroom import _hidden_lines

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grading_support import (REPO, SLUG, Course, forbidden_list, fresh_dir, grade_cells, hidden_test_lines,
-                             notebook_cells, solution_answers, with_answers)
+                             in_plain_sight, notebook_cells, solution_answers, with_answers)
 
 SECONDS_PER_NOTEBOOK = 120
 """Time bound per autograded notebook in these tests. The target is 60 s on 2 idle cores
@@ -72,8 +72,7 @@ def test_no_hidden_test_line_is_also_a_line_of_the_solution(slug):
     """Feedback shows a student's own code; a hidden-test line that the solution also contains
     would look like a leak there (the slow feedback test below checks the real pages)."""
     answers = "\n".join(solution_answers(slug).values())
-    release = (REPO / "notebooks" / slug / f"{slug}.ipynb").read_text()
-    shared = [line for line in hidden_test_lines(slug) if line in answers and json.dumps(line)[1:-1] not in release]
+    shared = [line for line in hidden_test_lines(slug) if line in answers and not in_plain_sight(line, slug)]
     assert not shared, f"{slug}: hidden-test lines that the solution also has (spell them differently): {shared}"
 
 
@@ -171,10 +170,8 @@ def test_feedback_never_shows_hidden_tests_or_reference_values(graded_class):
         if page.parent.parent.name == "full" and page.parent.name == SLUG:
             assert "task 1: visible test passed" in text  # the check does see the outputs
         assert "HIDDEN TESTS" not in text
-        # A page may show a line that its own notebook also has in plain sight (an import, say).
-        visible = (REPO / "notebooks" / page.parent.name / f"{page.parent.name}.ipynb").read_text()
         for line in hidden[page.parent.name]:
-            if json.dumps(line)[1:-1] not in visible:
+            if not in_plain_sight(line, page.parent.name):
                 assert line not in text, f"{page}: shows hidden test code {line!r}"
         # the concept question's reference answers, in any spelling
         assert not re.search(r"why_not_2x\s*==", text)
