@@ -137,6 +137,18 @@ def with_answers(release_path, answers: dict) -> bytes:
     return nbformat.writes(nb).encode()
 
 
+def assert_tasks_graded_on_2_and_4_ranks(slug: str, tasks=("task1-tests", "task2-tests", "task3-tests")) -> dict:
+    """Each coding task's visible tests run on 2 ranks and its hidden tests on 4 (never 1 or 3),
+    with the grading seed; return the grade cells, for a chapter's own further checks."""
+    found = grade_cells(slug)
+    for task in tasks:
+        visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
+        assert "nprocs=2" in visible and "nprocs=4" in hidden, task
+        assert "nprocs=1" not in found[task] and "nprocs=3" not in found[task], task
+        assert "grading_seed()" in hidden, task
+    return found
+
+
 @functools.lru_cache(maxsize=None)
 def release_text(slug: str) -> str:
     """The student notebook of ``notebooks/``, as its JSON text."""

@@ -32,7 +32,8 @@ from __future__ import annotations
 import pytest
 
 import distlab
-from grading_support import forbidden_list, grade_cells, grade_one_student, solution_answers, try_each
+from grading_support import (assert_tasks_graded_on_2_and_4_ranks, forbidden_list, grade_one_student,
+                             solution_answers, try_each)
 
 SLUG = "05-tensor-parallel"
 
@@ -131,13 +132,8 @@ def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = grade_cells(SLUG)
-    for task in ("task1-tests", "task2-tests", "task3-tests"):
-        visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
-        assert "nprocs=2" in visible and "nprocs=4" in hidden, task
-        assert "nprocs=1" not in found[task] and "nprocs=3" not in found[task], task
-        assert "grading_seed()" in hidden, task
-        assert "forbidden=FORBIDDEN" in found["setup"] and "on_ranks(" in found[task], task
+    found = assert_tasks_graded_on_2_and_4_ranks(SLUG)
+    assert all("on_ranks(" in found[task] for task in ("task1-tests", "task2-tests", "task3-tests"))
     for question in "abcd":
         assert "### BEGIN HIDDEN TESTS" in found[f"concept-{question}-tests"], question
 

@@ -33,7 +33,8 @@ import time
 import pytest
 
 import distlab
-from grading_support import forbidden_list, grade_cells, grade_one_student, solution_answers, try_each
+from grading_support import (assert_tasks_graded_on_2_and_4_ranks, forbidden_list, grade_cells, grade_one_student,
+                             solution_answers, try_each)
 
 SLUG = "06-pipeline"
 
@@ -109,14 +110,9 @@ def test_forbidden_apis_raise_on_a_rank_and_training_and_messages_still_work():
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = grade_cells(SLUG)
-    for task in ("task1-tests", "task2-tests", "task3-tests"):
-        visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
-        assert "nprocs=2" in visible and "nprocs=4" in hidden, task
-        assert "nprocs=1" not in found[task] and "nprocs=3" not in found[task], task
-        assert "grading_seed()" in hidden, task
-        assert "on_ranks(" in found[task], task
-    assert "forbidden=FORBIDDEN" in found["setup"] and "timeout=TIMEOUT" in found["setup"]
+    found = assert_tasks_graded_on_2_and_4_ranks(SLUG)
+    assert all("on_ranks(" in found[task] for task in ("task1-tests", "task2-tests", "task3-tests"))
+    assert "timeout=TIMEOUT" in found["setup"]
     assert "(2, 4, s + 10)" in found["task2-tests"].split("### BEGIN HIDDEN TESTS")[1], "1F1B with m < p is hidden"
     for question in "abcd":
         assert "### BEGIN HIDDEN TESTS" in found[f"concept-{question}-tests"], question
