@@ -226,6 +226,32 @@ def test_a_forbidden_api_stays_forbidden_where_other_modules_hold_it_on_every_ca
                 assert set(outcome.values()) == {"ForbiddenError"}, (call, outcome)
 
 
+NOTEBOOK_CELL = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP   # before the guard is in
+
+
+def wrap_in_torch_ddp():
+    try:
+        DDP(torch.nn.Linear(2, 2))
+        return "allowed"
+    except Exception as error:
+        return type(error).__name__
+"""
+
+
+def test_a_forbidden_class_imported_at_the_top_of_a_notebook_cell_is_forbidden_on_the_ranks():
+    # A notebook's function travels by value, with the class it uses; unpickled before forbid,
+    # it would bring the real class along. Both ways of forbidding must catch it.
+    cell = {"__name__": "__main__"}      # defined as in a notebook, so it is pickled by value
+    exec(NOTEBOOK_CELL, cell)
+    ddp = ["torch.nn.parallel.DistributedDataParallel"]
+    assert checks.run_ranks(cell["wrap_in_torch_ddp"], nprocs=2, forbidden=ddp).results == ["ForbiddenError"] * 2
+    with launch.rank_setup("distlab.guard", "protect_rank", when="call", forbidden=ddp):
+        assert distlab.run(cell["wrap_in_torch_ddp"], nprocs=2, timeout=60) == ["ForbiddenError"] * 2
+    assert distlab.run(cell["wrap_in_torch_ddp"], nprocs=2, timeout=60) == ["allowed"] * 2  # unguarded, it works
+
+
 def _allocate_and_report(gib):
     try:
         torch.ones(int(gib * 2**30) // 4)

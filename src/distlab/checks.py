@@ -77,15 +77,18 @@ class RankRun:
     comm: list = field(default_factory=list)  # per rank: list of {"op", "sent", "received", "group_size"}
 
 
-def _call_on_rank(fn, per_rank_args, args, kwargs, forbidden):
+def _call_on_rank(call: bytes, per_rank_args, forbidden):
     import torch.distributed as dist
 
-    from distlab import comm
+    from distlab import comm, serialize
 
     if forbidden:
         forbid(*forbidden)
+    # Unpickled only now, after forbid: unpickling looks up every class and function the
+    # student's code refers to, and a lookup made earlier would hand it the real one.
+    fn, args, kwargs = serialize.loads(call)
     rank = dist.get_rank()
-    call_args = tuple(per_rank_args[rank]) if per_rank_args is not None else tuple(args)
+    call_args = tuple(per_rank_args[rank]) if per_rank_args is not None else args
     with comm.record() as log:
         result = fn(*call_args, **kwargs)
     calls = [{"op": c.op, "sent": int(c.sent), "received": int(c.received),
@@ -101,12 +104,12 @@ def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout
     ``args``. ``forbidden`` names APIs that raise "not allowed in this exercise" while ``fn``
     runs (see :func:`distlab.guard.forbid`).
     """
-    from distlab import launch
+    from distlab import launch, serialize
 
     if per_rank_args is not None and len(per_rank_args) != nprocs:
         raise ValueError(f"per_rank_args has {len(per_rank_args)} entries for {nprocs} ranks")
-    pairs = launch.run(_call_on_rank, fn, per_rank_args, tuple(args), dict(kwargs or {}),
-                       list(forbidden), nprocs=nprocs, timeout=timeout)
+    call = serialize.dumps_call(fn, tuple(args), dict(kwargs or {}))  # unpickled on the rank after forbid
+    pairs = launch.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout)
     return RankRun(results=[p[0] for p in pairs], comm=[p[1] for p in pairs])
 
 

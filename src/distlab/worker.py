@@ -115,9 +115,12 @@ def _run_call(run_dir: Path, call_dir: Path, rank: int) -> bool:
     undo = []
     try:
         options = _read_options(call_dir)
+        # The guard goes in before the call is unpickled: unpickling looks up every class and
+        # function the call refers to, and one looked up before ``guard.forbid`` would be the
+        # real one (``from torch.nn.parallel import DistributedDataParallel`` in a notebook).
+        undo = _run_setup(options, "call")
         fn, args, kwargs = serialize.loads((call_dir / files.PAYLOAD).read_bytes())
         _seed(options["seed"])
-        undo = _run_setup(options, "call")
         result = fn(*args, **kwargs)
         data = serialize.dumps_result(result)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
