@@ -1,8 +1,9 @@
 """What a student's code may not do while it is graded: forbidden APIs, protected files, processes.
 
 Two mechanisms, both installed on every rank by the grader through
-``distlab.launch.rank_setup("distlab.guard", "protect", when="call", ...)`` (just before the
-student's function runs, after the process group exists):
+``distlab.launch.rank_setup("distlab.guard", "protect", when="call", ...)`` (after the process
+group exists, and before the student's function is even unpickled: unpickling looks up every
+class and function it refers to, and a lookup made earlier would find the real ones):
 
 1. **Forbidden APIs** (:func:`forbid`): e.g. no ``dist.all_reduce`` in the ring all-reduce
    exercise, no torch DDP in the DDP exercise, no distlab reference implementation in any
