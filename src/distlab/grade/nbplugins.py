@@ -32,7 +32,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Integer, List, Unicode
 
-from distlab import limits
+from distlab import limits, processes
 from distlab.grade import config
 
 
@@ -158,8 +158,11 @@ class CleanRoomTests(NbGraderPreprocessor):
             with open(job_path, "w") as f:
                 json.dump(job, f)
             start = time.monotonic()
+            # Its own session (the grader can end it and its ranks as one group), and it dies
+            # with us: if the grader is killed, nothing it started grades on.
             proc = subprocess.Popen([sys.executable, "-m", "distlab.grade.cleanroom", job_path, verdict_path],
-                                    cwd=room, start_new_session=True, stdin=subprocess.DEVNULL)
+                                    cwd=room, start_new_session=True, stdin=subprocess.DEVNULL,
+                                    preexec_fn=processes.die_with_parent)
             problem = None
             try:
                 proc.wait(timeout=budget)

@@ -1,0 +1,73 @@
+"""A grader killed mid-autograde leaves nothing behind: its clean room and the clean room's
+ranks end within 5 s (they die with their parent, instead of grading on unseen)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from grading_support import REPO, SLUG, Course, fresh_dir
+
+sys.path.insert(0, str(REPO / "grader" / "hostile"))
+import build as hostile  # noqa: E402
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _named(procs, text: str) -> list[psutil.Process]:
+    found = []
+    for proc in procs:
+        try:
+            if text in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_killing_nbgrader_mid_test_ends_its_clean_room_and_ranks(tmp_path):
+    course = Course(tmp_path / "work")
+    release = course.release()
+    incoming = fresh_dir(tmp_path / "incoming")
+    looping = hostile.specs()["infinite_loop"]  # task 1 never returns: the kill lands mid-test
+    course.submit(incoming, "looper", hostile.build(looping, str(release)))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    grader = subprocess.Popen([sys.executable, "-m", "distlab.grade", "autograde", SLUG], cwd=REPO,
+                              env=course.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        ranks: list[psutil.Process] = []
+        while not ranks:
+            assert grader.poll() is None, "the autograde ended before its clean room started ranks"
+            assert time.monotonic() < deadline, "no clean room with ranks appeared within 180 s"
+            rooms = _named(_descendants(grader.pid), "distlab.grade.cleanroom")
+            ranks = [p for room in rooms for p in _named(_descendants(room.pid), "distlab.worker")]
+            time.sleep(0.2)
+        room = rooms[0]
+        started = [room] + _descendants(room.pid)
+        nbgrader = room.parent()
+        assert "nbgrader" in " ".join(nbgrader.cmdline())
+        nbgrader.send_signal(signal.SIGKILL)
+        gone, alive = psutil.wait_procs(started, timeout=5)
+        assert not alive, "still running 5 s after nbgrader was killed: " + "; ".join(
+            f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running())
+    finally:
+        for proc in [psutil.Process(grader.pid)] + _descendants(grader.pid):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        grader.wait(timeout=30)
