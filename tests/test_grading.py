@@ -101,6 +101,13 @@ def test_the_setup_cell_forbids_exactly_what_the_notebook_metadata_lists(slug):
 
 # -- gates 2 and 3: a class through the whole pipeline -------------------------------------------
 
+CLASS_TIMEOUT = 1800
+"""Hang guard of the tests on ``graded_class``: the fixture's ~17 autogrades count toward the
+first one's timeout. Alone they take ~5 min; on CI's two cores, beside another test file, one
+run took 862 s and the next passed 900 s. Speed is asserted per notebook
+(``SECONDS_PER_NOTEBOOK``), not by this guard."""
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     """Every assignment: full (solution) and empty (release) students; 00-first-steps also partial."""
@@ -123,7 +130,7 @@ def graded_class(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(CLASS_TIMEOUT)
 def test_class_pipeline_succeeds_and_prints_progress(graded_class):
     course, runs = graded_class
     for slug, run in runs.items():
@@ -133,7 +140,7 @@ def test_class_pipeline_succeeds_and_prints_progress(graded_class):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(CLASS_TIMEOUT)
 def test_solutions_score_full_marks_and_blank_releases_zero_within_the_time_bound(graded_class):
     course, runs = graded_class
     for slug, run in runs.items():
@@ -146,7 +153,7 @@ def test_solutions_score_full_marks_and_blank_releases_zero_within_the_time_boun
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(CLASS_TIMEOUT)
 def test_csv_has_exactly_the_expected_scores(graded_class):
     course, runs = graded_class
     rows = {r["student_id"]: r for r in csv.DictReader(open(runs[SLUG]["csv"])) if r["assignment"] == SLUG}
@@ -157,7 +164,7 @@ def test_csv_has_exactly_the_expected_scores(graded_class):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(CLASS_TIMEOUT)
 def test_feedback_never_shows_hidden_tests_or_reference_values(graded_class):
     course, _ = graded_class
     hidden = {slug: hidden_test_lines(slug) for slug in slugs()}
