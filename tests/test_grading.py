@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grading_support import (REPO, SLUG, Course, forbidden_list, fresh_dir, grade_cells, hidden_test_lines,
-                             in_plain_sight, notebook_cells, solution_answers, with_answers)
+                             in_plain_sight, notebook_cells, release_text, solution_answers, with_answers)
 
 SECONDS_PER_NOTEBOOK = 120
 """Time bound per autograded notebook in these tests. The target is 60 s on 2 idle cores
@@ -42,14 +42,14 @@ def released(tmp_path_factory):
 @pytest.mark.parametrize("slug", slugs())
 def test_notebooks_folder_is_a_fresh_release_of_solutions(released, slug):
     fresh = json.loads(Path(released[slug]).read_text())
-    committed = json.loads((REPO / "notebooks" / slug / f"{slug}.ipynb").read_text())
+    committed = json.loads(release_text(slug))
     assert committed == fresh, (f"notebooks/{slug} differs from a fresh release of solutions/{slug}: "
                                 "run `make grade-release` and commit the result (never edit notebooks/ by hand)")
 
 
 @pytest.mark.parametrize("slug", slugs())
 def test_release_contains_no_solution_code_and_no_hidden_tests(slug):
-    release = (REPO / "notebooks" / slug / f"{slug}.ipynb").read_text()
+    release = release_text(slug)
     for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
         assert marker not in release
     for source in solution_answers(slug).values():
