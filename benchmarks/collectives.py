@@ -24,12 +24,12 @@ def time_both(numel: int, repeat: int) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
 
-    from distlab import collectives
+    from distlab.collectives import all_reduce
 
     tensor = torch.ones(numel)
     times = {"ring (distlab.collectives)": [], "gloo all_reduce": []}
     for _ in range(repeat):
-        for name, op in (("ring (distlab.collectives)", collectives.ring_all_reduce),
+        for name, op in (("ring (distlab.collectives)", all_reduce.ring_all_reduce),
                          ("gloo all_reduce", dist.all_reduce)):
             tensor.fill_(1.0)
             dist.barrier()

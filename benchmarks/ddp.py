@@ -1,4 +1,4 @@
-"""The book's bucketed, overlapped DDP (distlab.ddp.OverlappedDDP) next to torch's DistributedDataParallel.
+"""The book's bucketed, overlapped DDP (distlab.data_parallel.overlap.OverlappedDDP) next to torch's DistributedDataParallel.
 
 Both train the same TinyGPT (--dim, --layers) on the same data with SGD, on --nprocs ranks
 (default 4), with the same bucket cap (--bucket-mb). In one launch, each rank times --steps
@@ -25,11 +25,12 @@ def time_both(dim: int, layers: int, bucket_mb: float, steps: int, warmup: int, 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from distlab import ddp, models
+    from distlab import models
+    from distlab.data_parallel import overlap
 
     rank, world = dist.get_rank(), dist.get_world_size()
     config = dict(dim=dim, layers=layers)
-    ours = ddp.OverlappedDDP(models.build("gpt", seed=0, **config), bucket_mb)
+    ours = overlap.OverlappedDDP(models.build("gpt", seed=0, **config), bucket_mb)
     theirs = DistributedDataParallel(models.build("gpt", seed=0, **config), bucket_cap_mb=bucket_mb)
     runs = {"distlab OverlappedDDP": ours, "torch DDP": theirs}
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in runs.items()}
@@ -41,7 +42,7 @@ def time_both(dim: int, layers: int, bucket_mb: float, steps: int, warmup: int, 
             dist.barrier()
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            ddp.loss_fn(model, shard).backward()
+            models.loss_fn(model, shard).backward()
             if model is ours:
                 ours.finish()
             optimizer.step()

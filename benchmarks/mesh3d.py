@@ -2,15 +2,15 @@
 
 For each layout (dp4, tp4, pp4, dp2 x tp2, dp2 x pp2, pp2 x tp2), train --steps AdamW steps
 our way (distlab.parallel3d.train: distlab.tensor_parallel inside each tp group, a 1F1B
-distlab.pipeline in each pp group with --micro-batches, one all-reduce over each dp group)
+distlab.pipeline_parallel in each pp group with --micro-batches, one all-reduce over each dp group)
 and, for the layouts without a pipeline, torch's way (train_torch: DTensor TP + FSDP2), on
 one warm pool of --nprocs ranks. Reported per layout and engine:
 
 * the median step time after --warmup steps (slowest rank), and torch's time over ours;
-* the model-state bytes held after the last step (distlab.memory) next to
-  distlab.layout.predict_run, and the relative error, on the rank that holds the most;
-* the bytes that rank sends per step along tp, pp and dp (distlab.comm) next to the
-  prediction. torch's DTensor collectives are invisible to distlab.comm: its tp column is blank.
+* the model-state bytes held after the last step (distlab.tools.memory) next to
+  distlab.parallel3d.predict.predict_run, and the relative error, on the rank that holds the most;
+* the bytes that rank sends per step along tp, pp and dp (distlab.tools.comm) next to the
+  prediction. torch's DTensor collectives are invisible to distlab.tools.comm: its tp column is blank.
 
 dp4 is not the same algorithm on both sides: ours is plain data parallelism (one all-reduce),
 torch's is FSDP2 (ZeRO-3: a quarter of the memory, 1.5x the bytes, three collectives per
@@ -22,7 +22,7 @@ embedding's gradient replicated, all V rows on every rank.
 
 Time is not predicted: on a 2-core machine with messages of kilobytes, the latency of
 each collective and the scheduling of 4 processes on 2 cores decide the step time; the
-calculator's bandwidth-and-FLOPs model (distlab.layout.estimate) is for models whose
+calculator's bandwidth-and-FLOPs model (distlab.parallel3d.planner.estimate) is for models whose
 messages take milliseconds on real links.
 """
 
@@ -32,6 +32,7 @@ import argparse
 import statistics
 
 import distlab
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,19 +45,21 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, default=4, help="per pipeline and step")
     args = parser.parse_args()
 
-    from distlab import layout, models, parallel3d
-    from distlab.mesh import Grid, grid_for
+    from distlab import models
+    from distlab.parallel3d import planner, predict
+    from distlab.parallel3d import runs as parallel3d_runs
+    from distlab.parallel3d.mesh import Grid, grid_for
 
     config = dict(dim=args.dim, layers=args.layers)
     n = args.nprocs
     grids = {f"dp{n}": Grid(dp=n), f"tp{n}": Grid(tp=n), f"pp{n}": Grid(pp=n), f"dp{n // 2} x tp2": grid_for(n, tp=2),
              f"dp{n // 2} x pp2": grid_for(n, pp=2), f"pp{n // 2} x tp2": Grid(pp=n // 2, tp=2)}
-    model = layout.Model.from_config(models.GPTConfig(**config))
+    model = planner.Model.from_config(models.GPTConfig(**config))
     kwargs = dict(steps=args.warmup + args.steps, lr=1e-3, batch_size=args.batch, optimizer="adamw", config=config)
     runs = {}
     with distlab.Pool(args.nprocs):
-        runs["distlab"] = parallel3d.run_layouts(grids, n, timeout=600, micro_batches=args.micro_batches, **kwargs)
-        runs["torch"] = parallel3d.run_layouts({k: g for k, g in grids.items() if g.pp == 1}, n, engine="torch",
+        runs["distlab"] = parallel3d_runs.run_layouts(grids, n, timeout=600, micro_batches=args.micro_batches, **kwargs)
+        runs["torch"] = parallel3d_runs.run_layouts({k: g for k, g in grids.items() if g.pp == 1}, n, engine="torch",
                                                timeout=600, **kwargs)
 
     print(f"TinyGPT dim={args.dim} layers={args.layers}: {model.params:,} parameters, AdamW, {args.nprocs} ranks, "
@@ -74,7 +77,7 @@ def main() -> None:
             ours = seconds if engine == "distlab" else ours
             note, rows = "", []
             for rank, out in enumerate(run.ranks):
-                predicted = layout.predict_run(model, grid, args.batch, optimizer="adamw", engine=engine,
+                predicted = predict.predict_run(model, grid, args.batch, optimizer="adamw", engine=engine,
                                                stage=grid.coords(rank)["pp"], micro_batches=args.micro_batches)
                 expect = predicted["bytes"]["total"]
                 if engine == "torch" and grid.dp == 1 and grid.tp > 1:

@@ -1,7 +1,7 @@
 """The book's pipeline schedules: measured bubble vs the formula, and step time vs torch.distributed.pipelining.
 
 For p = 2 and 4 ranks (one launch each) and m = 4 and 8 micro-batches, every rank runs
-distlab.pipeline's GPipe, 1F1B, interleaved 1F1B (v = 2 chunks per rank) and ZB-H1 on a
+distlab.pipeline_parallel's GPipe, 1F1B, interleaved 1F1B (v = 2 chunks per rank) and ZB-H1 on a
 TinyGPT cut into stages, --steps timed steps each after --warmup untimed ones, in two modes:
 
 * **delay**: the default small TinyGPT, plus --delay seconds of pretend compute (a sleep) per
@@ -50,7 +50,8 @@ def measure(micro_batches: list[int], steps: int, warmup: int, delay: float, dim
     import torch
     import torch.distributed as dist
 
-    from distlab import models, pipeline
+    from distlab import models
+    from distlab.pipeline_parallel import schedules, timeline, torch_pipelining, training
 
     world = dist.get_world_size()
     modes = {"delay": ({"layers": layers}, delay), "compute": ({"layers": layers, "dim": dim}, 0.0)}
@@ -63,19 +64,19 @@ def measure(micro_batches: list[int], steps: int, warmup: int, delay: float, dim
     def ours(chunks, schedule, data, m, pause):
         def step():
             start = time.perf_counter()
-            result = pipeline.run_step(chunks, schedule, data, m, delay=pause)
+            result = training.run_step(chunks, schedule, data, m, delay=pause)
             seconds = time.perf_counter() - start
             every_rank = [None] * world
             dist.all_gather_object(every_rank, result.events)     # after the timed part
-            return seconds, pipeline.bubble_fraction(every_rank)
+            return seconds, timeline.bubble_fraction(every_rank)
         return chunks, step
 
     def theirs(name, m, config, data):
-        schedule, chunks = pipeline.torch_schedule(name, m, seed=0, **config)
+        schedule, chunks = torch_pipelining.torch_schedule(name, m, seed=0, **config)
 
         def step():
             start = time.perf_counter()
-            pipeline.torch_step(schedule, chunks, data)
+            torch_pipelining.torch_step(schedule, chunks, data)
             return time.perf_counter() - start, None
         return chunks, step
 
@@ -84,8 +85,8 @@ def measure(micro_batches: list[int], steps: int, warmup: int, delay: float, dim
         for mode, (config, pause) in modes.items():
             data = models.example_batch("gpt", batch, seed=0, **config)
             for name, v in SCHEDULES:
-                runs = {(m, mode, name): ours(pipeline.build_chunks(v, seed=0, zero_bubble=name == "zb-h1", **config),
-                                              pipeline.make_schedule(name, world, m, v), data, m, pause)}
+                runs = {(m, mode, name): ours(training.build_chunks(v, seed=0, zero_bubble=name == "zb-h1", **config),
+                                              schedules.make_schedule(name, world, m, v), data, m, pause)}
                 if mode == "compute" and name in TORCH:                 # alternate: both see the same load
                     runs[(m, "torch", name)] = theirs(name, m, config, data)
                 measured = {key: {"time": [], "bubble": []} for key in runs}
@@ -117,7 +118,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
 
-    from distlab import pipeline
+    from distlab.pipeline_parallel import timeline
 
     results = {}
     for p in args.stages:
@@ -132,7 +133,7 @@ def main() -> None:
     for p in args.stages:
         for m in args.micro_batches:
             for name, v in SCHEDULES:
-                formula = pipeline.bubble_formula(name, p, m, v)
+                formula = timeline.bubble_formula(name, p, m, v)
                 delay = results[p][(m, "delay", name)]["bubble"]
                 compute = results[p][(m, "compute", name)]["bubble"]
                 label = f"{name} v={v}" if v > 1 else name

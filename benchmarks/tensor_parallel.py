@@ -3,14 +3,14 @@
 For each world size in --nprocs (default 2 and 4; one launch each), every rank builds the
 same TinyGPT (--dim, --layers, --context) four ways: the book's from-scratch tensor
 parallelism (distlab.tensor_parallel), the same with sequence parallelism saving only
-shards, torch's DTensor plans (distlab.dtensor_tp) and DTensor with sequence parallelism.
+shards, torch's DTensor plans (distlab.tensor_parallel.dtensor) and DTensor with sequence parallelism.
 It times --steps forward+backward passes of each on the same full batch, alternating
 between variants so that all see the same machine load; a step ends when its slowest rank
 finishes. Rank 0 also times the plain single-process model while the other ranks wait, so
 the single-process time is measured alone on the machine.
 
 Reported per variant: median step time, its ratio to one process and to ours, the bytes of
-parameters rank 0 holds, and the activation bytes it saves for backward (distlab.memory).
+parameters rank 0 holds, and the activation bytes it saves for backward (distlab.tools.memory).
 
 On a 2-core machine, more than 2 ranks oversubscribe the cores: the time ratios compare the
 implementations under the same conditions (the from-scratch code against DTensor's
@@ -34,19 +34,21 @@ def time_all(config: dict, batch_size: int, steps: int, warmup: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from distlab import dtensor_tp, memory, models
-    from distlab import tensor_parallel as tp
+    from distlab import models
+    from distlab.tensor_parallel import dtensor
+    from distlab.tensor_parallel import model as tp_model
+    from distlab.tools import memory
 
     warnings.filterwarnings("ignore", message="Full backward hook")
     batch = models.example_batch("gpt", batch_size=batch_size, seed=0, **config)
     reference = models.build("gpt", seed=0, **config)
     builders = {
-        "ours": lambda: (tp.parallelize_gpt(reference), tp.loss, lambda loss: loss.backward()),
-        "ours + SP": lambda: (tp.save_only_sequence_shards(tp.parallelize_gpt(reference, sequence_parallel=True)),
-                              tp.loss, lambda loss: loss.backward()),
-        "DTensor": lambda: (dtensor_tp.parallelize(reference), dtensor_tp.loss, dtensor_tp.backward),
-        "DTensor + SP": lambda: (dtensor_tp.parallelize(reference, sequence_parallel=True), dtensor_tp.loss,
-                                 dtensor_tp.backward),
+        "ours": lambda: (tp_model.parallelize_gpt(reference), tp_model.loss, lambda loss: loss.backward()),
+        "ours + SP": lambda: (tp_model.save_only_sequence_shards(tp_model.parallelize_gpt(reference, sequence_parallel=True)),
+                              tp_model.loss, lambda loss: loss.backward()),
+        "DTensor": lambda: (dtensor.parallelize(reference), dtensor.loss, dtensor.backward),
+        "DTensor + SP": lambda: (dtensor.parallelize(reference, sequence_parallel=True), dtensor.loss,
+                                 dtensor.backward),
     }
     runs = {name: build() for name, build in builders.items()}
 

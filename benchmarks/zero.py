@@ -1,14 +1,14 @@
 """Per-rank model-state bytes and step time of DDP and the book's ZeRO-1/2/3, next to torch's FSDP2.
 
 One launch on --nprocs ranks (default 4). Each rank builds the same TinyGPT (--dim, --layers)
-under each of: plain DDP (distlab.zero.Replicated: one all-reduce), distlab.zero.ZeRO1,
+under each of: plain DDP (distlab.zero.stages.Replicated: one all-reduce), distlab.zero.stages.ZeRO1,
 ZeRO2, ZeRO3, and torch's FSDP2 (`fully_shard` per block and on the root), all with AdamW.
 After --warmup untimed steps it times --steps training steps of each, alternating between
 them so that all see the same machine load; a step ends when its slowest rank finishes.
 
 Reported per variant: the model-state bytes rank 0 holds after the last step (counted by
-distlab.memory), the formula's bytes and their ratio (target: within 5%), the bytes sent per
-step (distlab.comm) against the theory, and the median step time and its ratio to DDP.
+distlab.tools.memory), the formula's bytes and their ratio (target: within 5%), the bytes sent per
+step (distlab.tools.comm) against the theory, and the median step time and its ratio to DDP.
 
 FSDP2 sends a little less than the ZeRO-3 theory: it does not free the root's parameters
 (embeddings, final norm, head) after forward, since backward starts with them right away.
@@ -36,7 +36,9 @@ def time_all(dim: int, layers: int, steps: int, warmup: int, batch: int) -> dict
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from distlab import comm, memory, models, zero
+    from distlab import models
+    from distlab.tools import comm, memory
+    from distlab.zero import flat, stages
 
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -44,7 +46,7 @@ def time_all(dim: int, layers: int, steps: int, warmup: int, batch: int) -> dict
     runs = {}
     for stage, name in enumerate(VARIANTS[:4]):
         model = models.build("gpt", seed=0, **config)
-        runs[name] = (model, zero.make(stage, model, torch.optim.AdamW, lr=1e-3))
+        runs[name] = (model, stages.make(stage, model, torch.optim.AdamW, lr=1e-3))
     fsdp_model = models.build("gpt", seed=0, **config)
     for block in fsdp_model.blocks:
         fully_shard(block)
@@ -71,7 +73,7 @@ def time_all(dim: int, layers: int, steps: int, warmup: int, batch: int) -> dict
                    else memory.model_state_bytes(model, stepper)) for name, (model, stepper) in runs.items()}
     numel = memory.count_parameters(runs["DDP"][0])
     return {"time": {name: statistics.median(t) for name, t in times.items()}, "held": held, "sent": sent,
-            "numel": numel, "padded": zero.padded_numel(runs["DDP"][0], world)}
+            "numel": numel, "padded": flat.padded_numel(runs["DDP"][0], world)}
 
 
 def main() -> None:
@@ -84,7 +86,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
-    from distlab import memory, zero
+    from distlab.zero import theory
 
     result = distlab.run(time_all, args.dim, args.layers, args.steps, args.warmup, args.batch,
                          nprocs=args.nprocs, timeout=600)[0]
@@ -98,8 +100,8 @@ def main() -> None:
     for name in VARIANTS:
         stage = 3 if name == "torch FSDP2" else VARIANTS.index(name)
         held = result["held"][name]["total"]
-        formula = memory.model_state_theory(numel, n, stage)["total"]
-        theory_sent = zero.comm_bytes_per_step(stage, result["padded"] if stage else numel, n)
+        formula = theory.model_state_theory(numel, n, stage)["total"]
+        theory_sent = theory.comm_bytes_per_step(stage, result["padded"] if stage else numel, n)
         worst = max(worst, abs(held / formula - 1))
         print(f"{name:<12} {held / 2**20:>9.3f} {formula / 2**20:>9.3f} {held / formula:>6.3f} "
               f"{result['sent'][name] / 2**10:>9.0f} {theory_sent / 2**10:>9.0f} "

@@ -17,7 +17,7 @@ How grading differs from plain nbgrader (see ``src/distlab/grade/``):
 * the test cells run in a separate clean-room process that never executes student code
   in-process; the student's functions run on fresh ranks under caps and guards, and come
   back as plain data (tensors, numbers, strings, containers) decoded with a safe loader.
-  What the student's kernel does (monkey-patching torch, distlab.checks, distlab.run, the
+  What the student's kernel does (monkey-patching torch, distlab.grade.checks, distlab.run, the
   traceback display, ...) therefore cannot change a verdict.
 """
 

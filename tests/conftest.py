@@ -30,7 +30,7 @@ def our_rank_processes() -> list[psutil.Process]:
             cmd = " ".join(proc.info["cmdline"] or [])
             if proc.info["status"] == psutil.STATUS_ZOMBIE or str(SESSION_TMP) not in cmd:
                 continue
-            if "distlab.worker" in cmd or "torch.distributed.run" in cmd:
+            if "distlab.runtime.worker" in cmd or "torch.distributed.run" in cmd:
                 found.append(proc)
         except psutil.Error:
             continue

@@ -200,7 +200,7 @@ def grade_one_student(root: Path, slug: str, student: str, answers: dict) -> tup
 def try_each(attempts: dict) -> dict:
     """Call each of ``{name: call}`` (on a rank, with APIs forbidden); ``{name: verdict}`` where the
     verdict is ``"allowed"``, ``"ForbiddenError"``, or another error's type and message."""
-    from distlab.guard import ForbiddenError
+    from distlab.grade.forbid import ForbiddenError
 
     verdicts = {}
     for name, call in attempts.items():

@@ -1,4 +1,4 @@
-"""A real, private, two-node Slurm cluster on this one machine, for the tests of distlab.slurm.
+"""A real, private, two-node Slurm cluster on this one machine, for the tests of distlab.runtime.launchers.slurm.
 
     python tests/slurm_cluster.py DIR     # start it; Ctrl-C (or SIGTERM) tears it down
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import glob
 import html
 import json
-import os
 import re
 import subprocess
 import sys

@@ -1,21 +1,20 @@
-"""distlab.checks, distlab.guard, distlab.limits and the grader's safe loader."""
+"""distlab.grade.checks, distlab.grade.forbid, distlab.grade.limits and the grader's safe loader."""
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
-import re
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
+from grading_support import try_each
 
 import distlab
-from distlab import checks, launch
-from distlab.grade import safeload
-from grading_support import try_each
+from distlab.grade import checks, safeload
+from distlab.runtime import options
+from distlab.tools import comm_bytes, memory
 
 # -- the data-only loader ------------------------------------------------------------------------
 
@@ -92,13 +91,13 @@ def test_optimizer_tolerances_follow_the_learning_rate():
 
 def test_comm_assertions_count_calls_and_bytes():
     log = [{"op": "all_reduce", "sent": 6, "received": 6, "group_size": 2}]
-    checks.assert_comm([log, log], calls={"all_reduce": 1}, max_bytes_sent=checks.all_reduce_bytes(12, 2))
+    checks.assert_comm([log, log], calls={"all_reduce": 1}, max_bytes_sent=comm_bytes.all_reduce_bytes(12, 2))
     with pytest.raises(checks.CheckFailed, match=r"rank 0 made these distributed calls: all_reduce x1; the exercise asks for all_gather x1"):
         checks.assert_comm([log], calls={"all_gather": 1})
     with pytest.raises(checks.CheckFailed, match="rank 1 sent 18 bytes"):
         checks.assert_comm([log, [{"op": "all_gather", "sent": 18, "received": 18, "group_size": 4}]],
-                           max_bytes_sent=checks.all_reduce_bytes(12, 2))
-    assert checks.all_reduce_bytes(1024, 4) == 1536
+                           max_bytes_sent=comm_bytes.all_reduce_bytes(12, 2))
+    assert comm_bytes.all_reduce_bytes(1024, 4) == 1536
 
 
 def test_memory_counts_parameters_gradients_and_optimizer_state():
@@ -106,7 +105,7 @@ def test_memory_counts_parameters_gradients_and_optimizer_state():
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(3, 10)).sum().backward()
     optimizer.step()
-    counted = checks.state_bytes(model, optimizer)
+    counted = memory.model_state_bytes(model, optimizer)
     assert counted["parameters"] == 220 and counted["gradients"] == 220
     assert counted["optimizer"] == 2 * 220 + 2 * 4  # exp_avg, exp_avg_sq, and a step counter per tensor
     checks.assert_memory([counted], {"parameters": 220, "gradients": 220})
@@ -154,8 +153,14 @@ def _try_everything():
         "dispatcher op": lambda: torch.ops.c10d.allreduce_([t]),
         "functional collective": lambda: __import__("torch.distributed._functional_collectives",
                                                     fromlist=["x"]).all_reduce(t, "sum", c10d._get_default_group()),
-        "distlab.comm.original": lambda: __import__("distlab.comm", fromlist=["x"]).original("all_reduce")(t),
-        "forbidden module": lambda: __import__("distlab.collectives", fromlist=["x"]).naive_all_reduce(t),
+        "distlab.tools.comm.original": lambda: __import__("distlab.tools.comm", fromlist=["x"]).original("all_reduce")(t),
+        "forbidden package": lambda: __import__("distlab.collectives", fromlist=["x"]).all_reduce,
+        "module of a forbidden package": lambda: __import__("distlab.collectives.all_reduce",
+                                                            fromlist=["x"]).naive_all_reduce(t),
+        "source of a forbidden module": lambda: open(os.path.join(os.path.dirname(distlab.__file__), "collectives",
+                                                                  "all_reduce.py")).read(),
+        "listing a forbidden package": lambda: os.listdir(os.path.join(os.path.dirname(distlab.__file__),
+                                                                       "collectives")),
         "protected file": lambda: open(os.path.join(os.path.dirname(distlab.__file__), "..", "..", "solutions",
                                                     "00-first-steps", "00-first-steps.ipynb")).read(),
         "start a process": lambda: subprocess.run(["true"]),
@@ -169,7 +174,10 @@ def _try_everything():
             outcome[what] = "ran"
         except Exception as exc:  # noqa: BLE001
             outcome[what] = f"{type(exc).__name__}: {exc}"
-    attempts_on_path = {"forbidden module's file": lambda: __import__("distlab.collectives", fromlist=["x"]).__file__}
+    attempts_on_path = {
+        "forbidden package's file": lambda: __import__("distlab.collectives", fromlist=["x"]).__file__,
+        "forbidden module's file": lambda: __import__("distlab.collectives.all_reduce", fromlist=["x"]).__file__,
+    }
     for what, attempt in attempts_on_path.items():
         try:
             outcome[what] = f"ran: {attempt()}"
@@ -188,7 +196,7 @@ def _try_everything():
 
 def test_guard_forbids_apis_and_their_bypasses_files_processes_and_signals():
     solutions = os.path.join(os.path.dirname(distlab.__file__), "..", "..", "solutions")
-    with launch.rank_setup("distlab.guard", "protect_rank", when="call", paths=[os.path.realpath(solutions)],
+    with options.rank_setup("distlab.grade.protect", "protect_rank", when="call", paths=[os.path.realpath(solutions)],
                            max_spawns=0, forbidden=["torch.distributed.all_reduce", "distlab.collectives"]):
         outcome = distlab.run(_try_everything, nprocs=2, timeout=90)[1]
     assert outcome.pop("broadcast") == "ran"
@@ -198,18 +206,27 @@ def test_guard_forbids_apis_and_their_bypasses_files_processes_and_signals():
 
 
 def _reach_forbidden_through_their_holders():
-    """Forbid two modules and a class, then reach each through modules that imported it."""
+    """Forbid two packages and a class, then reach each through every other module that holds it,
+    or holds something defined in it."""
+    import importlib
+
     import torch.nn.parallel.distributed
 
-    import distlab.parallel3d
-    import distlab.zero
-    from distlab import guard
+    import distlab.parallel3d.train
+    import distlab.zero.stages
+    from distlab.grade.forbid import forbid
 
-    guard.forbid("distlab.tensor_parallel", "distlab.ddp", "torch.nn.parallel.DistributedDataParallel")
+    forbid("distlab.tensor_parallel", "distlab.data_parallel", "torch.nn.parallel.DistributedDataParallel")
     roads = {
-        "distlab.tensor_parallel": lambda: sys.modules["distlab.tensor_parallel"].ColumnParallelLinear,
-        "distlab.parallel3d.tensor_parallel": lambda: distlab.parallel3d.tensor_parallel.ColumnParallelLinear,
-        "distlab.zero.ddp": lambda: distlab.zero.ddp.average_gradients,
+        "the package in sys.modules": lambda: sys.modules["distlab.tensor_parallel"].layers,
+        "a module in sys.modules": lambda: sys.modules["distlab.tensor_parallel.layers"].ColumnParallelLinear,
+        "the parent package's attribute": lambda: distlab.tensor_parallel.model.ParallelGPT,
+        "import_module of a module": lambda: importlib.import_module("distlab.tensor_parallel.model").ParallelGPT,
+        "import_module of a module never imported before": lambda: importlib.import_module(
+            "distlab.data_parallel.buckets").plan_buckets,
+        "a function another chapter imported by name": lambda: distlab.parallel3d.train.parallelize_gpt(None),
+        "a class another chapter imported by name": lambda: distlab.parallel3d.train.ParallelGPT(None),
+        "a function ZeRO imported by name": lambda: distlab.zero.stages.broadcast_parameters(None),
         "torch.nn.parallel.DistributedDataParallel": lambda: torch.nn.parallel.DistributedDataParallel(None),
         "torch.nn.parallel.distributed.DistributedDataParallel":
             lambda: torch.nn.parallel.distributed.DistributedDataParallel(None),
@@ -247,7 +264,7 @@ def test_a_forbidden_class_imported_at_the_top_of_a_notebook_cell_is_forbidden_o
     exec(NOTEBOOK_CELL, cell)
     ddp = ["torch.nn.parallel.DistributedDataParallel"]
     assert checks.run_ranks(cell["wrap_in_torch_ddp"], nprocs=2, forbidden=ddp).results == ["ForbiddenError"] * 2
-    with launch.rank_setup("distlab.guard", "protect_rank", when="call", forbidden=ddp):
+    with options.rank_setup("distlab.grade.protect", "protect_rank", when="call", forbidden=ddp):
         assert distlab.run(cell["wrap_in_torch_ddp"], nprocs=2, timeout=60) == ["ForbiddenError"] * 2
     assert distlab.run(cell["wrap_in_torch_ddp"], nprocs=2, timeout=60) == ["allowed"] * 2  # unguarded, it works
 
@@ -273,7 +290,7 @@ def _spawn_children(n):
 
 
 def test_memory_cap_makes_a_10_gb_allocation_fail_inside_the_rank():
-    with launch.rank_setup("distlab.limits", "apply", when="start", memory_mb=3072):
+    with options.rank_setup("distlab.grade.limits", "apply", when="start", memory_mb=3072):
         results = distlab.run(_allocate_and_report, 10, nprocs=2, timeout=90)
     assert all("can't allocate memory" in r for r in results), results
 
@@ -282,7 +299,7 @@ def test_memory_cap_makes_a_10_gb_allocation_fail_inside_the_rank():
 def test_process_cap_holds_for_root_and_leaves_no_child_behind():
     import psutil
 
-    with launch.rank_setup("distlab.limits", "apply", when="start", processes=4):
+    with options.rank_setup("distlab.grade.limits", "apply", when="start", processes=4):
         with pytest.raises(distlab.RankError, match="exited with code 125"):
             distlab.run(_spawn_children, 20, nprocs=2, timeout=90)
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if "distlab-test-cap-child" in " ".join(p.info["cmdline"] or [])]
@@ -299,10 +316,10 @@ def test_output_and_wall_time_caps():
         import time
         time.sleep(60)
 
-    with launch.rank_setup("distlab.limits", "apply", when="start", output_mb=8):
+    with options.rank_setup("distlab.grade.limits", "apply", when="start", output_mb=8):
         with pytest.raises(distlab.RankError, match="File too large"):
             distlab.run(shout, nprocs=2, timeout=90)
-    with launch.rank_setup("distlab.limits", "apply", when="start", wall_s=8):
+    with options.rank_setup("distlab.grade.limits", "apply", when="start", wall_s=8):
         with pytest.raises(distlab.RankError, match="exited with code 124"):
             distlab.run(linger, nprocs=2, timeout=90)
 

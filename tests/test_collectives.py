@@ -7,18 +7,18 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab import collectives
+from distlab.collectives import all_reduce, cost_model
 
 
 def compare_with_builtin(numel, algorithm):
-    from distlab import comm
+    from distlab.tools import comm
 
     g = torch.Generator().manual_seed(dist.get_rank())
     mine = torch.randn(numel, generator=g)
     reference = mine.clone()
     dist.all_reduce(reference)
     with comm.record() as log:
-        getattr(collectives, f"{algorithm}_all_reduce")(mine)
+        getattr(all_reduce, f"{algorithm}_all_reduce")(mine)
     return mine, reference, log
 
 
@@ -40,11 +40,11 @@ def test_from_scratch_all_reduce_matches_torch(pools, n, algorithm, numel):
 
 
 def ring_bytes(numel):
-    from distlab import comm
+    from distlab.tools import comm
 
     t = torch.ones(numel)
     with comm.record() as log:
-        collectives.ring_all_reduce(t)
+        all_reduce.ring_all_reduce(t)
     return log.bytes_sent(), log.bytes_received(), t[0].item()
 
 
@@ -60,7 +60,7 @@ def test_ring_sends_exactly_2_n_minus_1_over_n_of_the_tensor(pools, n):
 def state_per_step():
     steps = []
     t = torch.full((4,), float(dist.get_rank() + 1))
-    collectives.ring_all_reduce(t, on_step=lambda phase, step, chunks: steps.append(
+    all_reduce.ring_all_reduce(t, on_step=lambda phase, step, chunks: steps.append(
         (phase, step, torch.cat([c.clone() for c in chunks]))))
     return steps
 
@@ -80,17 +80,17 @@ def test_on_step_shows_every_intermediate_state(pools):
 
 def test_cost_model_and_fit():
     alpha, beta = 5e-6, 1e-9
-    assert collectives.predicted_time("ring", 4, 1e6, alpha, beta) == pytest.approx(6 * alpha + 1.5e6 * beta)
-    assert collectives.predicted_time("tree", 4, 1e6, alpha, beta) == pytest.approx(4 * (alpha + 1e6 * beta))
-    assert collectives.predicted_time("naive", 4, 1e6, alpha, beta) == pytest.approx(6 * (alpha + 1e6 * beta))
+    assert cost_model.predicted_time("ring", 4, 1e6, alpha, beta) == pytest.approx(6 * alpha + 1.5e6 * beta)
+    assert cost_model.predicted_time("tree", 4, 1e6, alpha, beta) == pytest.approx(4 * (alpha + 1e6 * beta))
+    assert cost_model.predicted_time("naive", 4, 1e6, alpha, beta) == pytest.approx(6 * (alpha + 1e6 * beta))
     # For large messages the ring wins, for tiny ones the tree (fewer latency terms).
-    assert collectives.predicted_time("ring", 64, 1e9, alpha, beta) < collectives.predicted_time("tree", 64, 1e9, alpha, beta)
-    assert collectives.predicted_time("tree", 64, 8, alpha, beta) < collectives.predicted_time("ring", 64, 8, alpha, beta)
+    assert cost_model.predicted_time("ring", 64, 1e9, alpha, beta) < cost_model.predicted_time("tree", 64, 1e9, alpha, beta)
+    assert cost_model.predicted_time("tree", 64, 8, alpha, beta) < cost_model.predicted_time("ring", 64, 8, alpha, beta)
     sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
-        times = [collectives.ring_time(op, 4, s, alpha, beta) for s in sizes]
-        assert collectives.fit_alpha_beta(op, 4, sizes, times) == pytest.approx((alpha, beta), rel=1e-6)
-    assert collectives.ring_time("all_gather", 4, 1e6, alpha, beta) == pytest.approx(3 * alpha + 0.75e6 * beta)
-    assert collectives.bus_bandwidth("all_reduce", 4, 1e9, 1.0) == pytest.approx(1.5e9)
+        times = [cost_model.ring_time(op, 4, s, alpha, beta) for s in sizes]
+        assert cost_model.fit_alpha_beta(op, 4, sizes, times) == pytest.approx((alpha, beta), rel=1e-6)
+    assert cost_model.ring_time("all_gather", 4, 1e6, alpha, beta) == pytest.approx(3 * alpha + 0.75e6 * beta)
+    assert cost_model.bus_bandwidth("all_reduce", 4, 1e9, 1.0) == pytest.approx(1.5e9)
     with pytest.raises(ValueError):
-        collectives.predicted_time("star", 4, 1, 1, 1)
+        cost_model.predicted_time("star", 4, 1, 1, 1)

@@ -1,4 +1,4 @@
-"""distlab.comm: every call is recorded with the bytes the documented model says."""
+"""distlab.tools.comm: every call is recorded with the bytes the documented model says."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import distlab
 
 def every_collective():
     """Run each op once on 64 float32 (256 bytes) per rank and return the log."""
-    from distlab import comm
+    from distlab.tools import comm
 
     n, r = dist.get_world_size(), dist.get_rank()
     chunk = torch.ones(16)  # 64 bytes
@@ -68,7 +68,7 @@ def test_bytes_per_op_follow_the_documented_model(n):
 
 
 def point_to_point():
-    from distlab import comm
+    from distlab.tools import comm
 
     r = dist.get_rank()
     with comm.record() as log:
@@ -111,7 +111,7 @@ def test_summary_is_readable():
 
 
 def nested_records():
-    from distlab import comm
+    from distlab.tools import comm
 
     with comm.record() as outer:
         with comm.record() as inner:

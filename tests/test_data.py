@@ -2,7 +2,7 @@
 
 Every distributed result is compared with the single-process one. Token batches are integers,
 so they must match exactly; gradients are float32 sums in another order, so they are compared
-with ``checks.assert_gradients_match`` (its tolerance is justified in ``distlab.checks``).
+with ``checks.assert_gradients_match`` (its tolerance is justified in ``distlab.grade.checks``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab import checks, models
+from distlab import models
 from distlab.data import corpus, measure, sharding
+from distlab.grade import checks
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def test_temperature_weights_flatten_the_mixture():
 
 def all_strategies(per_rank_batch, steps, seed):
     """On each rank: {strategy: this rank's batches}, plus the bytes each strategy sent."""
-    from distlab import comm
+    from distlab.tools import comm
 
     dataset = corpus.corpus_dataset()
     batches = sharding.global_batches(len(dataset), per_rank_batch * dist.get_world_size(), seed=seed)[:steps]
@@ -277,7 +278,7 @@ def test_batch_sampler_sharding_gives_the_gradients_of_the_global_batch(pools, n
 
 def test_measure_strategy_reports_memory_and_traffic(pools):
     results = {s: distlab.run(measure.measure_strategy, s, 8, 10, nprocs=2) for s in measure.STRATEGIES}
-    for strategy, ranks in results.items():
+    for ranks in results.values():
         assert all(r["samples_per_s"] > 0 and r["peak"] > 0 for r in ranks)
         assert ranks[0]["checksum"] == results["iterable"][0]["checksum"]   # same tokens, whatever the strategy
     assert results["dispatch"][0]["bytes_sent"] == 10 * 8 * (corpus.CONTEXT + 1)

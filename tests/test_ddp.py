@@ -1,4 +1,4 @@
-"""distlab.ddp against the single-process reference: gradients, trajectories, calls on the wire.
+"""distlab.data_parallel against the single-process reference: gradients, trajectories, calls on the wire.
 
 Tolerances: data-parallel gradients differ from the full-batch gradients by float32 rounding
 only (measured ~1e-8 absolute on gradients of order 1e-2..1, bitwise equal run to run), so
@@ -15,7 +15,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import distlab
-from distlab import checks, ddp, models
+from distlab import models
+from distlab.data_parallel import buckets as data_parallel_buckets
+from distlab.data_parallel import naive, overlap
+from distlab.grade import checks
 
 
 class Awkward(nn.Module):
@@ -57,7 +60,7 @@ def loss_of(model, batch):
         inputs, targets = batch
         logits = model(inputs)
         return nn.functional.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1))
-    return ddp.loss_fn(model, batch)
+    return models.loss_fn(model, batch)
 
 
 def reference(kind, steps=1, lr=0.1, batch_size=8):
@@ -68,20 +71,20 @@ def reference(kind, steps=1, lr=0.1, batch_size=8):
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
         loss_of(model, batch_of(kind, batch_size, seed=step)).backward()
-        grads.append(ddp.gradients(model))
+        grads.append(models.gradients(model))
         optimizer.step()
     return grads, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def train_on_rank(kind, mode, steps=1, lr=0.1, bucket_mb=0.0005, batch_size=8):
     """Every rank starts from *its own* random weights: only the broadcast makes them agree."""
-    from distlab import comm
+    from distlab.tools import comm
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build(kind, seed=rank)
-    wrapper = ddp.OverlappedDDP(model, bucket_mb) if mode == "overlapped" else model
+    wrapper = overlap.OverlappedDDP(model, bucket_mb) if mode == "overlapped" else model
     if mode != "overlapped":
-        ddp.broadcast_parameters(model)
+        naive.broadcast_parameters(model)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     grads, counts, launched_in_backward = [], [], []
     for step in range(steps):
@@ -92,13 +95,13 @@ def train_on_rank(kind, mode, steps=1, lr=0.1, bucket_mb=0.0005, batch_size=8):
             loss.backward()
             launched_in_backward.append(sum(c.op == "all_reduce" and c.async_op for c in log))
             if mode == "naive":
-                ddp.average_gradients(model)
+                naive.average_gradients(model)
             elif mode == "bucketed":
-                ddp.bucketed_average(model, bucket_mb)
+                data_parallel_buckets.bucketed_average(model, bucket_mb)
             else:
                 wrapper.finish()
         counts.append(log.counts()["all_reduce"])
-        grads.append(ddp.gradients(model))
+        grads.append(models.gradients(model))
         optimizer.step()
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return grads, params, counts, launched_in_backward
@@ -139,7 +142,7 @@ def test_gradients_and_sgd_trajectory_match_the_single_process_reference(pools, 
 def test_all_reduce_counts_naive_one_per_gradient_bucketed_one_per_bucket(pools, kind):
     model = build(kind, seed=0)
     with_grads = [p for p in model.parameters() if p.requires_grad]
-    buckets = ddp.plan_buckets(model.parameters(), 0.0005)
+    buckets = data_parallel_buckets.plan_buckets(model.parameters(), 0.0005)
     assert 1 < len(buckets) < len(with_grads)
     for mode, expected in (("naive", len(with_grads) - 2 * (kind == "awkward")),  # `unused`: no grads
                            ("bucketed", len(buckets)), ("overlapped", len(buckets))):
@@ -158,22 +161,22 @@ def test_plan_buckets_reverse_order_cap_dtype_and_frozen():
     a, b, c = nn.Parameter(torch.zeros(100)), nn.Parameter(torch.zeros(100)), nn.Parameter(torch.zeros(1000))
     frozen = nn.Parameter(torch.zeros(5), requires_grad=False)
     d = nn.Parameter(torch.zeros(10, dtype=torch.float64))
-    mb = 800 / ddp.MB  # room for two of the small ones (400 bytes each)
-    buckets = ddp.plan_buckets([a, b, frozen, c, d], mb)
+    mb = 800 / data_parallel_buckets.MB  # room for two of the small ones (400 bytes each)
+    buckets = data_parallel_buckets.plan_buckets([a, b, frozen, c, d], mb)
     assert [[id(p) for p in bucket] for bucket in buckets] == [[id(d)], [id(c)], [id(b), id(a)]]
 
 
 def accumulated_gradients(kind, k, sync_forward, bucket_mb=0.0005):
-    from distlab import comm
+    from distlab.tools import comm
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build(kind, seed=rank)
-    wrapper = ddp.OverlappedDDP(model, bucket_mb)
+    wrapper = overlap.OverlappedDDP(model, bucket_mb)
     micro = [models.shard(batch_of(kind, 8, seed=i), rank, world) for i in range(k)]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: keep the weights, see the grads
     with comm.record() as log:
-        ddp.accumulation_step(wrapper, optimizer, micro, loss_of, sync_forward=sync_forward)
-    return ddp.gradients(model), log.counts()["all_reduce"], len(wrapper.buckets)
+        overlap.accumulation_step(wrapper, optimizer, micro, loss_of, sync_forward=sync_forward)
+    return models.gradients(model), log.counts()["all_reduce"], len(wrapper.buckets)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -184,12 +187,12 @@ def test_no_sync_communicates_once_and_the_classic_bug_is_caught_by_counting(poo
     model.zero_grad()
     for batch in full:  # the reference: mean loss over all k*8 samples, in one process
         (loss_of(model, batch) / k).backward()
-    ref = ddp.gradients(model)
+    ref = models.gradients(model)
     right = distlab.run(accumulated_gradients, "gpt", k, True, nprocs=n)
     wrong = distlab.run(accumulated_gradients, "gpt", k, False, nprocs=n)
-    for grads, calls, buckets in right:
+    for _grads, calls, buckets in right:
         assert calls == buckets, "no_sync around forward and backward: one all-reduce per bucket"
-    for grads, calls, buckets in wrong:
+    for _grads, calls, buckets in wrong:
         assert calls == k * buckets, "no_sync around backward only: every micro-step communicates"
     # Both give the right gradients: the bug costs k times the traffic, silently.
     assert_grads_equal([g for g, _, _ in right], ref)
@@ -201,12 +204,12 @@ def torch_ddp_gradients(kind, bucket_mb):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     shard = models.shard(batch_of(kind, 8), rank, world)
-    ours = ddp.OverlappedDDP(build(kind, seed=rank), bucket_mb)
+    ours = overlap.OverlappedDDP(build(kind, seed=rank), bucket_mb)
     loss_of(ours, shard).backward()
     ours.finish()
     theirs = DistributedDataParallel(build(kind, seed=rank), bucket_cap_mb=bucket_mb)
     loss_of(theirs, shard).backward()
-    return ddp.gradients(ours.module), ddp.gradients(theirs.module)
+    return models.gradients(ours.module), models.gradients(theirs.module)
 
 
 def test_same_gradients_as_torch_ddp(pools):

@@ -1,4 +1,4 @@
-"""distlab.dtensor_tp: TinyGPT under torch's DTensor plans, against one process and against ours.
+"""distlab.tensor_parallel.dtensor: TinyGPT under torch's DTensor plans, against one process and against ours.
 
 Tolerances: DTensor sums the same partial products as one process, in another order:
 gradients within ``checks.GRAD_*`` (1e-5 of the largest; measured ~1e-8 at 2 and 4 ranks),
@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 import distlab
-from distlab import checks, models
+from distlab import models
+from distlab.grade import checks
 
 
 def _on_rank():
@@ -27,16 +28,16 @@ def _on_rank():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from distlab import dtensor_tp
+    from distlab.tensor_parallel import dtensor
 
     warnings.filterwarnings("ignore", message="Full backward hook")
     batch = models.example_batch("gpt", batch_size=4, seed=1)
     out = {}
     for sp in (False, True):
-        model = dtensor_tp.parallelize(models.build("gpt", seed=0), sequence_parallel=sp)
-        loss = dtensor_tp.loss(model, batch)
-        dtensor_tp.backward(loss)
-        out[sp] = {"loss": loss.full_tensor().detach(), "grads": dtensor_tp.reference_gradients(model)}
+        model = dtensor.parallelize(models.build("gpt", seed=0), sequence_parallel=sp)
+        loss = dtensor.loss(model, batch)
+        dtensor.backward(loss)
+        out[sp] = {"loss": loss.full_tensor().detach(), "grads": dtensor.reference_gradients(model)}
     # the pitfall: ColwiseParallel on the fused qkv layer cuts q|k|v into contiguous blocks
     def chunked_forward(attn, x):                            # TinyGPT's attention, any number of heads
         batch, seq, dim = x.shape

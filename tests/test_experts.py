@@ -1,10 +1,10 @@
-"""distlab.experts: the expert-parallel MoE layer against the single-process MoE, on 2 and 4 ranks.
+"""distlab.tensor_parallel.experts: the expert-parallel MoE layer against the single-process MoE, on 2 and 4 ranks.
 
 Every rank builds the reference from the same seed, keeps its own experts and its own
 tokens (a contiguous slice of the batch), and the loss is the mean over *all* tokens, so
 each rank's part is ``sum over my tokens / all tokens``.
 
-Tolerances (see distlab.checks): outputs are computed by the same expert on the same token
+Tolerances (see distlab.grade.checks): outputs are computed by the same expert on the same token
 vector, in a batch of other rows, so they agree to float32 rounding of the matmul (measured:
 bitwise on this CPU); we allow ``checks.VALUE_*`` (1e-6 of the largest value). Gradients: an
 expert's gradient sums its tokens' contributions in another order, and the router's adds
@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import distlab
-from distlab import checks, experts
+from distlab.grade import checks
+from distlab.tensor_parallel import experts
 
 SIZES = {"dim": 8, "hidden": 16, "experts": 4}
 TOKENS = 24
@@ -40,7 +41,7 @@ def loss_of(out, total_tokens):
 def _on_rank():
     import torch.distributed as dist
 
-    from distlab import comm
+    from distlab.tools import comm
 
     n, rank = dist.get_world_size(), dist.get_rank()
     layer = experts.parallelize_moe(experts.build(seed=3, **SIZES))

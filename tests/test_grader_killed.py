@@ -10,7 +10,6 @@ import time
 
 import psutil
 import pytest
-
 from grading_support import REPO, SLUG, Course, fresh_dir
 
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
@@ -54,7 +53,7 @@ def test_killing_nbgrader_mid_test_ends_its_clean_room_and_ranks(tmp_path):
             assert grader.poll() is None, "the autograde ended before its clean room started ranks"
             assert time.monotonic() < deadline, "no clean room with ranks appeared within 180 s"
             rooms = _named(_descendants(grader.pid), "distlab.grade.cleanroom")
-            ranks = [p for room in rooms for p in _named(_descendants(room.pid), "distlab.worker")]
+            ranks = [p for room in rooms for p in _named(_descendants(room.pid), "distlab.runtime.worker")]
             time.sleep(0.2)
         room = rooms[0]
         started = [room] + _descendants(room.pid)

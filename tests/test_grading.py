@@ -12,9 +12,20 @@ import time
 from pathlib import Path
 
 import pytest
-
-from grading_support import (REPO, SLUG, Course, forbidden_list, fresh_dir, grade_cells, hidden_test_lines,
-                             in_plain_sight, notebook_cells, release_text, solution_answers, with_answers)
+from grading_support import (
+    REPO,
+    SLUG,
+    Course,
+    forbidden_list,
+    fresh_dir,
+    grade_cells,
+    hidden_test_lines,
+    in_plain_sight,
+    notebook_cells,
+    release_text,
+    solution_answers,
+    with_answers,
+)
 
 SECONDS_PER_NOTEBOOK = 120
 """Time bound per autograded notebook in these tests. The target is 60 s on 2 idle cores
@@ -87,7 +98,7 @@ def test_the_setup_cell_forbids_exactly_what_the_notebook_metadata_lists(slug):
     if not listed and "FORBIDDEN" not in setup:
         return  # an assignment that forbids nothing (the first steps)
     # FORBIDDEN may be built from the constants before it (chapter 3 lists the names of
-    # distlab.ddp once): run the setup cell's top-level constant assignments up to it.
+    # distlab.data_parallel once): run the setup cell's top-level constant assignments up to it.
     constants: dict = {}
     for node in ast.parse(setup).body:
         if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets):
@@ -133,7 +144,7 @@ def graded_class(tmp_path_factory):
 @pytest.mark.timeout(CLASS_TIMEOUT)
 def test_class_pipeline_succeeds_and_prints_progress(graded_class):
     course, runs = graded_class
-    for slug, run in runs.items():
+    for run in runs.values():
         assert run["returncode"] == 0, course.log
     for step in ("step 1/4", "step 2/4", "step 3/4", "step 4/4", "[clean room] task1-tests", "grades written to"):
         assert step in course.log

@@ -1,4 +1,4 @@
-"""distlab.layout, the layout calculator: each formula against numbers computed by hand or quoted
+"""distlab.parallel3d.planner, the layout calculator: each formula against numbers computed by hand or quoted
 from its source, the decision procedure on three textbook situations, and bad input.
 
 Pure Python, no ranks: the whole file runs in about a second. (That the calculator's
@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from distlab import layout, memory, models
-from distlab.layout import Cluster, Model, Training
-from distlab.mesh import Grid
+from distlab import models
+from distlab.parallel3d import planner, predict, recommend
+from distlab.parallel3d.mesh import Grid
+from distlab.parallel3d.planner import Cluster, Model, Training
+from distlab.tools import memory
+from distlab.zero import theory
 
 GPT3 = Model(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048, tied=True)
 TINY = Model.from_config(models.GPTConfig())
@@ -48,17 +51,14 @@ def test_parameters_on_a_rank_split_the_matrices_and_keep_norms_and_row_biases_w
 
 def test_model_states_match_the_zero_papers_figure_1():
     # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, 64 GPUs, mixed precision + Adam
-    gb = {z: layout.model_state_bytes(7.5e9, 64, z, "mixed")["total"] / 1e9 for z in range(4)}
+    gb = {z: theory.model_state_theory(7.5e9, 64, z, "mixed")["total"] / 1e9 for z in range(4)}
     assert gb[0] == 120 and gb[3] == 1.875
     assert round(gb[1], 1) == 31.4 and round(gb[2], 1) == 16.6
-    assert layout.BYTES["fp32"] == {**memory.PRECISIONS["fp32"], "activations": 4}
-    assert layout.BYTES["mixed"] == {**memory.PRECISIONS["mixed"], "activations": 2}
-    assert layout.SHARDED == memory.SHARDED
 
 
 def test_activations_per_layer_are_korthikantis_table_2():
     sbh = 2048 * 1 * 12288                                    # GPT-3, micro-batch 1
-    per = lambda tp, **kw: layout.activation_bytes_per_layer(GPT3, Training(1, **kw), tp)  # noqa: E731
+    per = lambda tp, **kw: planner.activation_bytes_per_layer(GPT3, Training(1, **kw), tp)  # noqa: E731
     assert per(1) == sbh * (34 + 5 * 96 * 2048 / 12288) == 114 * sbh
     assert per(8) == sbh * (10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8)) == 23 * sbh
     assert per(8, sequence_parallel=True) == sbh / 8 * 114
@@ -69,28 +69,28 @@ def test_activations_per_layer_are_korthikantis_table_2():
 
 
 def test_bubble():
-    assert layout.bubble(4, 8) == 3 / 11
-    assert layout.bubble(1, 8) == 0
-    assert layout.bubble(4, 1) == 3 / 4
+    assert planner.bubble(4, 8) == 3 / 11
+    assert planner.bubble(1, 8) == 0
+    assert planner.bubble(4, 1) == 3 / 4
 
 
 def test_links_follow_the_span_of_each_group():
-    assert layout.link(Grid(dp=16, tp=8), "tp", 8) == "intra"
-    assert layout.link(Grid(dp=16, tp=8), "dp", 8) == "inter"
-    assert layout.link(Grid(dp=16, tp=8), "pp", 8) is None
+    assert planner.link(Grid(dp=16, tp=8), "tp", 8) == "intra"
+    assert planner.link(Grid(dp=16, tp=8), "dp", 8) == "inter"
+    assert planner.link(Grid(dp=16, tp=8), "pp", 8) is None
     grid = Grid(dp=2, pp=2, tp=4)                            # 16 GPUs, 8 per node
-    assert [layout.link(grid, a, 8) for a in ("tp", "pp", "dp")] == ["intra", "intra", "inter"]
+    assert [planner.link(grid, a, 8) for a in ("tp", "pp", "dp")] == ["intra", "intra", "inter"]
     megatron = Grid(dp=2, pp=2, tp=4, order=MEGATRON)        # dp inside, pp across nodes
-    assert [layout.link(megatron, a, 8) for a in ("tp", "dp", "pp")] == ["intra", "intra", "inter"]
-    assert layout.link(Grid(dp=2, pp=2, tp=2), "dp", 8) == "intra"          # one node: all intra
-    assert layout.link(Grid(dp=3, tp=4), "tp", 6) == "inter"                # ranks 4..7 straddle a node
+    assert [planner.link(megatron, a, 8) for a in ("tp", "dp", "pp")] == ["intra", "intra", "inter"]
+    assert planner.link(Grid(dp=2, pp=2, tp=2), "dp", 8) == "intra"          # one node: all intra
+    assert planner.link(Grid(dp=3, tp=4), "tp", 6) == "inter"                # ranks 4..7 straddle a node
 
 
 def test_one_layout_by_hand():
     model = Model(layers=4, hidden=1024, heads=16, vocab=32000, seq=1024)
     cluster = Cluster(gpus=16, gpus_per_node=8, intra_bandwidth=100e9, inter_bandwidth=10e9, flops=1e15, mfu=0.5)
     training = Training(global_batch=32, micro_batch=2)
-    e = layout.estimate(model, cluster, training, Grid(dp=2, pp=2, tp=4), zero=1)
+    e = planner.estimate(model, cluster, training, Grid(dp=2, pp=2, tp=4), zero=1)
     assert e.micro_batches == 32 // (2 * 2) == 8
     sbh = 1024 * 2 * 1024
     # tp: 2 layers per stage x 8 micro-batches x 4 all-reduces of 2 sbh bytes over 4 ranks
@@ -113,7 +113,7 @@ def test_one_layout_by_hand():
     dp_exposed = max(0.0, e.comm_bytes["dp"] / 10e9 - ideal * 2 / 3)
     assert e.step_seconds == pytest.approx(e.compute_seconds + e.comm_bytes["tp"] / 100e9
                                            + e.comm_bytes["pp"] / 100e9 + dp_exposed)
-    zero3 = layout.estimate(model, cluster, training, Grid(dp=2, pp=2, tp=4), zero=3)
+    zero3 = planner.estimate(model, cluster, training, Grid(dp=2, pp=2, tp=4), zero=3)
     assert zero3.comm_bytes["dp"] == 1.5 * e.comm_bytes["dp"]
     assert zero3.memory["parameters"] == e.memory["parameters"] / 2
 
@@ -121,7 +121,7 @@ def test_one_layout_by_hand():
 def test_rank_layouts_lists_every_runnable_layout_fitting_and_fastest_first():
     cluster, training = Cluster(gpus=64), Training(global_batch=512, micro_batch=2)
     model = Model(layers=32, hidden=4096, heads=32, vocab=50304, seq=2048)
-    ranked = layout.rank_layouts(model, cluster, training)
+    ranked = recommend.rank_layouts(model, cluster, training)
     assert {(e.grid.tp, e.grid.pp) for e in ranked} == {(t, p) for t in (1, 2, 4, 8, 16, 32, 64) if 32 % t == 0
                                                          for p in (1, 2, 4, 8, 16, 32, 64) if 32 % p == 0 and t * p <= 64}
     fits = [e.fits for e in ranked]
@@ -129,27 +129,27 @@ def test_rank_layouts_lists_every_runnable_layout_fitting_and_fastest_first():
     times = [e.step_seconds for e in ranked if e.fits]
     assert times == sorted(times)
     first = ranked[0]
-    again = layout.estimate(model, cluster, training, first.grid, first.zero)
+    again = planner.estimate(model, cluster, training, first.grid, first.zero)
     assert (again.step_seconds, again.memory) == (first.step_seconds, first.memory)
 
 
 def test_recommend_small_model_data_parallel():
     model = Model(layers=32, hidden=4096, heads=32, vocab=50304, seq=2048)
-    advice = layout.recommend(model, Cluster(gpus=64), Training(global_batch=512, micro_batch=2))
+    advice = recommend.recommend(model, Cluster(gpus=64), Training(global_batch=512, micro_batch=2))
     assert (advice.choice.grid, advice.choice.zero) == (Grid(dp=64), 2)     # 7B: ZeRO-2 is the first stage to fit
     assert "ZeRO-2" in str(advice) and not any(line.startswith("2.") for line in advice.steps)
 
 
 def test_recommend_gpt3_slow_data_parallel_then_tensor_parallel_inside_a_node():
-    advice = layout.recommend(GPT3, Cluster(gpus=256), Training(global_batch=512, recompute="full"))
+    advice = recommend.recommend(GPT3, Cluster(gpus=256), Training(global_batch=512, recompute="full"))
     assert (advice.choice.grid, advice.choice.zero) == (Grid(dp=64, tp=4), 3)
-    assert "dp=256 pp=1 tp=1 ZeRO-3/FSDP" in advice.steps[2] and advice.steps[2].endswith("too slow")
-    advice = layout.recommend(GPT3, Cluster(gpus=1024), Training(global_batch=1536))
+    assert "dp=256 pp=1 tp=1 ZeRO-3" in advice.steps[2] and advice.steps[2].endswith("too slow")
+    advice = recommend.recommend(GPT3, Cluster(gpus=1024), Training(global_batch=1536))
     assert advice.choice.grid == Grid(dp=128, tp=8) and "tp=4: even with ZeRO-3" in str(advice)
 
 
 def test_recommend_pipeline_when_the_batch_cannot_feed_more_replicas():
-    advice = layout.recommend(GPT3, Cluster(gpus=256), Training(global_batch=16))
+    advice = recommend.recommend(GPT3, Cluster(gpus=256), Training(global_batch=16))
     assert advice.choice.grid.tp == 8 and advice.choice.grid.pp > 1
     tried = [line for line in advice.steps if line.startswith("  dp=") and "pp=1 " not in line]
     fastest = min(tried, key=lambda line: float(line.split("step ")[1].split(" s")[0]))
@@ -157,19 +157,19 @@ def test_recommend_pipeline_when_the_batch_cannot_feed_more_replicas():
 
 
 def test_recommend_says_when_nothing_fits():
-    advice = layout.recommend(GPT3, Cluster(gpus=32), Training(global_batch=32, recompute="full"))
+    advice = recommend.recommend(GPT3, Cluster(gpus=32), Training(global_batch=32, recompute="full"))
     assert advice.choice is None and "none fits" in advice.steps[-1]
 
 
 def test_predict_run_by_hand_for_tinygpt_at_dp2_tp2():
-    predicted = layout.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8)
+    predicted = predict.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8)
     assert predicted["bytes"] == {"parameters": 4 * 69_056, "gradients": 4 * 69_056, "optimizer": 0,
                                   "total": 8 * 69_056}
     activations = 4 * (8 // 2) * 32 * 64                      # float32 (b, s, h) of one dp shard
     assert predicted["sent"] == {"tp": (4 * 2 + 2) * activations + 3 * 4 * 4 * 32, "pp": 0, "dp": 4 * 69_056}
-    adam = layout.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8, optimizer="adamw")
+    adam = predict.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8, optimizer="adamw")
     assert adam["bytes"]["optimizer"] == 8 * 69_056 + 4 * 30
-    fsdp = layout.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8, engine="torch")
+    fsdp = predict.predict_run(TINY, Grid(dp=2, tp=2), batch_size=8, engine="torch")
     root = (256 * 64 + 256 * 64 + 256) // 2 + 32 * 64 + 2 * 64
     assert fsdp["sent"] == {"tp": None, "pp": 0, "dp": 4 * (3 * 69_056 - root) // 2}
     assert fsdp["bytes"]["parameters"] == 4 * 69_056 // 2
@@ -178,8 +178,8 @@ def test_predict_run_by_hand_for_tinygpt_at_dp2_tp2():
 def test_predict_run_by_hand_for_a_pipeline_with_tensor_parallel_stages():
     # pp2 x tp2, 8 sequences in 2 micro-batches of 4; float32 (4, 32, 64) activations of 32 KiB
     activation = 4 * 4 * 32 * 64
-    first = layout.predict_run(TINY, Grid(pp=2, tp=2), 8, stage=0, micro_batches=2)
-    last = layout.predict_run(TINY, Grid(pp=2, tp=2), 8, stage=1, micro_batches=2)
+    first = predict.predict_run(TINY, Grid(pp=2, tp=2), 8, stage=0, micro_batches=2)
+    last = predict.predict_run(TINY, Grid(pp=2, tp=2), 8, stage=1, micro_batches=2)
     # per micro-batch: 4 all-reduces in the stage's block, + the embedding's (first) or the head's (last)
     assert first["sent"] == {"tp": 2 * 5 * activation, "pp": 2 * activation, "dp": 0}
     logits = 4 * 4 * 32 * 256 // 2                            # my half of the vocabulary, gathered once
@@ -197,20 +197,20 @@ def test_bad_input_raises_value_errors():
         Training(8, recompute="some")
     cluster = Cluster(gpus=8)
     with pytest.raises(ValueError, match="multiply to the world size"):
-        layout.estimate(TINY, cluster, Training(8), Grid(dp=4))
+        planner.estimate(TINY, cluster, Training(8), Grid(dp=4))
     with pytest.raises(ValueError, match=r"tp=8 does not divide the number of heads \(4\)"):
-        layout.estimate(TINY, cluster, Training(8), Grid(tp=8))
+        planner.estimate(TINY, cluster, Training(8), Grid(tp=8))
     with pytest.raises(ValueError, match=r"pp=8 does not divide the number of layers \(2\)"):
-        layout.estimate(TINY, cluster, Training(8), Grid(pp=8))
+        planner.estimate(TINY, cluster, Training(8), Grid(pp=8))
     with pytest.raises(ValueError, match="does not split into dp=8"):
-        layout.estimate(TINY, cluster, Training(12), Grid(dp=8))
-    with pytest.raises(ValueError, match="zero must be"):
-        layout.model_state_bytes(10, 2, 4)
+        planner.estimate(TINY, cluster, Training(12), Grid(dp=8))
+    with pytest.raises(ValueError, match=r"stage must be 0 \(DDP\), 1, 2 or 3"):
+        theory.model_state_theory(10, 2, 4)
     with pytest.raises(ValueError, match="optimizer"):
-        layout.predict_run(TINY, Grid(dp=2), 8, optimizer="lion")
+        predict.predict_run(TINY, Grid(dp=2), 8, optimizer="lion")
     with pytest.raises(NotImplementedError):
-        layout.predict_run(TINY, Grid(pp=2), 8, engine="torch")
+        predict.predict_run(TINY, Grid(pp=2), 8, engine="torch")
     with pytest.raises(ValueError, match="stage 2 is outside 0..1"):
-        layout.predict_run(TINY, Grid(pp=2), 8, stage=2)
+        predict.predict_run(TINY, Grid(pp=2), 8, stage=2)
     with pytest.raises(ValueError, match="does not split into 3 micro-batches"):
-        layout.predict_run(TINY, Grid(pp=2), 8, micro_batches=3)
+        predict.predict_run(TINY, Grid(pp=2), 8, micro_batches=3)

@@ -1,4 +1,4 @@
-"""distlab.memory's probes, in one process: counted bytes against bytes we can work out by hand.
+"""distlab.tools.memory's probes, in one process: counted bytes against bytes we can work out by hand.
 
 Everything here is counted, not sampled, so the expected values are exact.
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from distlab import memory, models
+from distlab import models
+from distlab.tools import memory
 
 
 def test_saved_activation_bytes_counts_what_backward_keeps_and_not_the_weights():

@@ -1,4 +1,4 @@
-"""distlab.mesh (the rank grid) and distlab.parallel3d (TP inside groups, pipelines across them,
+"""distlab.parallel3d.mesh (the rank grid) and distlab.parallel3d (TP inside groups, pipelines across them,
 DP around both), on 2 and 4 ranks.
 
 Pure tests check the grid's arithmetic on every layout of up to 16 ranks. On the ranks, one
@@ -9,7 +9,7 @@ trains TinyGPT for a few SGD steps on each layout with two of the three axes (dp
 dp x pp, pp x tp, and each alone), our way, and dp x tp torch's way (DTensor TP + FSDP2).
 TinyGPT's two layers allow at most two pipeline stages, hence no dp x pp x tp at 4 ranks.
 
-Tolerances (float32; see distlab.checks):
+Tolerances (float32; see distlab.grade.checks):
 
 * Gradients after the first step: ``checks.assert_gradients_match`` (1e-5 of each
   parameter's largest gradient). A rank's TP slice adds the same terms as the single process
@@ -20,8 +20,8 @@ Tolerances (float32; see distlab.checks):
 * Loss curves (3 SGD steps at lr 0.1): rtol 1e-5 against the single process; measured
   differences at most 4.8e-7 on losses of ~5.7 (1e-7 relative), a 100x margin. An error in
   the gradient of the size of the bugs above changes the next loss by ~1e-3 or more.
-* Bytes held and sent are counted (distlab.memory, distlab.comm), so they must equal
-  distlab.layout.predict_run exactly.
+* Bytes held and sent are counted (distlab.tools.memory, distlab.tools.comm), so they must equal
+  distlab.parallel3d.predict.predict_run exactly.
 
 Checked to fail on purpose (one-line changes, each caught): average_gradients with SUM
 instead of AVG; average_gradients over the world instead of the dp group; my_batch
@@ -46,8 +46,10 @@ import pytest
 import torch
 
 import distlab
-from distlab import checks, layout, models, parallel3d
-from distlab.mesh import AXES, Grid, grid_for
+from distlab import models
+from distlab.grade import checks
+from distlab.parallel3d import planner, predict, runs, torch_train, train
+from distlab.parallel3d.mesh import AXES, Grid, grid_for
 
 WORLD_SIZES = (2, 4)
 STEPS, LR, BATCH, MICRO = 3, 0.1, 8, 2
@@ -117,7 +119,7 @@ def test_bad_sizes_raise_clear_errors():
 
 
 def test_grid_and_calculator_import_without_torch():
-    code = "import sys, distlab.mesh, distlab.layout; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, distlab.parallel3d.mesh, distlab.parallel3d.planner; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -127,7 +129,7 @@ def groups_and_meshes():
     """Call 1 on every rank: for every layout (both orders), ProcessGrid's groups and collectives."""
     import torch.distributed as dist
 
-    from distlab.mesh import ProcessGrid, device_mesh, mesh_disagreements
+    from distlab.parallel3d.mesh import ProcessGrid, device_mesh, mesh_disagreements
 
     world, rank = dist.get_world_size(), dist.get_rank()
     out = {"groups": {}, "mesh": {}}
@@ -159,16 +161,16 @@ def distlab_layouts(world):
 
 def training(world):
     """Call 2 on every rank: the layouts trained our way, dp x tp (or each alone) also torch's way."""
-    from distlab import parallel3d
+    from distlab.parallel3d import train
 
     kw = dict(steps=STEPS, lr=LR, batch_size=BATCH, keep_gradients=True)
     return {
-        "distlab": {g: parallel3d.train(g, micro_batches=MICRO, **kw) for g in distlab_layouts(world)},
-        "torch": {g: parallel3d.train_torch(g, **kw) for g in ([Grid(dp=2, tp=2)] if world == 4 else
+        "distlab": {g: train.train(g, micro_batches=MICRO, **kw) for g in distlab_layouts(world)},
+        "torch": {g: torch_train.train_torch(g, **kw) for g in ([Grid(dp=2, tp=2)] if world == 4 else
                                                                [Grid(dp=2), Grid(tp=2)])},
-        "adamw": {g: parallel3d.train(g, steps=1, optimizer="adamw", lr=1e-3, micro_batches=MICRO)
+        "adamw": {g: train.train(g, steps=1, optimizer="adamw", lr=1e-3, micro_batches=MICRO)
                   for g in (grid_for(world, tp=2), grid_for(world, pp=2))},
-        "torch_pp": _raises(lambda: parallel3d.train_torch(grid_for(world, pp=2), steps=1)),
+        "torch_pp": _raises(lambda: torch_train.train_torch(grid_for(world, pp=2), steps=1)),
     }
 
 
@@ -224,7 +226,7 @@ def _name(grid):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("engine", ["distlab", "torch"])
 def test_gradients_and_loss_curve_equal_the_single_process(results, n, engine):
-    reference = parallel3d.reference_losses(steps=STEPS, lr=LR, batch_size=BATCH)
+    reference = train.reference_losses(steps=STEPS, lr=LR, batch_size=BATCH)
     for grid, per_rank in _by_grid(results[n][1], engine).items():
         for rank, out in enumerate(per_rank):
             assert out["coords"] == grid.coords(rank)
@@ -241,10 +243,10 @@ def _by_grid(per_rank, engine):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("engine", ["distlab", "torch"])
 def test_bytes_held_and_sent_are_exactly_the_calculators(results, n, engine):
-    tiny = layout.Model.from_config(models.GPTConfig())
+    tiny = planner.Model.from_config(models.GPTConfig())
     for grid, per_rank in _by_grid(results[n][1], engine).items():
         for rank, out in enumerate(per_rank):
-            predicted = layout.predict_run(tiny, grid, BATCH, engine=engine, stage=grid.coords(rank)["pp"],
+            predicted = predict.predict_run(tiny, grid, BATCH, engine=engine, stage=grid.coords(rank)["pp"],
                                            micro_batches=MICRO)
             held = dict(predicted["bytes"])
             if engine == "torch" and grid.dp == 1 and grid.tp > 1:
@@ -283,11 +285,11 @@ def test_calls_per_step_one_dp_all_reduce_megatrons_tp_all_reduces_one_message_p
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_adamw_state_and_its_step_counters_are_predicted_exactly(results, n):
-    tiny = layout.Model.from_config(models.GPTConfig())
+    tiny = planner.Model.from_config(models.GPTConfig())
     for rank, out in enumerate(results[n][1]):
         for grid, run in out["adamw"].items():
             stage = grid.coords(rank)["pp"]
-            predicted = layout.predict_run(tiny, grid, BATCH, optimizer="adamw", stage=stage, micro_batches=MICRO)
+            predicted = predict.predict_run(tiny, grid, BATCH, optimizer="adamw", stage=stage, micro_batches=MICRO)
             assert run["bytes"] == predicted["bytes"], (_name(grid), rank)
             assert run["bytes"]["optimizer"] == 2 * run["bytes"]["parameters"] + 4 * tiny.tensors_on_rank(grid.pp, stage)
 
@@ -302,15 +304,15 @@ def test_torch_engine_says_it_runs_no_pipeline(results, n):
 def test_all_three_axes_dp2_pp2_tp2_on_8_ranks():
     """The full 3D layout (one cold 8-rank launch: ~40 s on 2 busy cores, hence marked slow)."""
     grid = Grid(dp=2, pp=2, tp=2)
-    run = parallel3d.run_layouts({"3d": grid}, 8, steps=STEPS, lr=LR, batch_size=BATCH, keep_gradients=True,
+    run = runs.run_layouts({"3d": grid}, 8, steps=STEPS, lr=LR, batch_size=BATCH, keep_gradients=True,
                                  micro_batches=MICRO, timeout=240)["3d"]
-    reference = parallel3d.reference_losses(steps=STEPS, lr=LR, batch_size=BATCH)
-    tiny = layout.Model.from_config(models.GPTConfig())
+    reference = train.reference_losses(steps=STEPS, lr=LR, batch_size=BATCH)
+    tiny = planner.Model.from_config(models.GPTConfig())
     for rank, out in enumerate(run.ranks):
         assert out["coords"] == grid.coords(rank)
         checks.assert_gradients_match([out["gradients"]], out["expected"])
         checks.assert_tensor_close(torch.tensor(out["losses"]), torch.tensor(reference), f"loss curve on rank {rank}",
                                    rtol=1e-5, atol_scale=1e-5)
-        predicted = layout.predict_run(tiny, grid, BATCH, stage=grid.coords(rank)["pp"], micro_batches=MICRO)
+        predicted = predict.predict_run(tiny, grid, BATCH, stage=grid.coords(rank)["pp"], micro_batches=MICRO)
         assert (out["bytes"], out["sent"]) == (predicted["bytes"], predicted["sent"]), rank
         assert set(out["calls"]) == {"tp", "pp", "dp"} and all(out["calls"].values()), rank   # every axis talks

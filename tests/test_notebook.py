@@ -8,10 +8,9 @@ import time
 
 import nbformat
 import pytest
+from conftest import wait_until_gone
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
-
-from conftest import wait_until_gone
 
 
 def execute(cells: list[tuple[str, list[str]]]):

@@ -1,10 +1,10 @@
-"""distlab.pipeline against the single-process reference, the bubble formulas and torch.distributed.pipelining.
+"""distlab.pipeline_parallel against the single-process reference, the bubble formulas and torch.distributed.pipelining.
 
 Every rank builds TinyGPT (8 blocks) from the same seed as the reference and keeps its chunks;
 each schedule runs one step on the full batch of 8 sequences cut into micro-batches. The
 gradients of all ranks together must be the single-process full-batch gradients, name by name.
 
-Tolerances (float32; see distlab.checks):
+Tolerances (float32; see distlab.grade.checks):
 
 * Gradients: ``checks.assert_gradients_match`` (1e-5 of each parameter's largest gradient).
   A pipeline adds ``m`` micro-batch gradients where one process sums one batch (the same terms
@@ -13,7 +13,7 @@ Tolerances (float32; see distlab.checks):
   Forgetting to divide each micro-batch's loss by ``m`` is off by a factor ``m``; a lost
   micro-batch by ``1/m`` of everything.
 * Loss: relative 1e-6 (measured: bitwise equal on 2 and 4 ranks).
-* The model (:func:`pipeline.simulate`) is exact arithmetic on the same action lists: its
+* The model (:func:`pp_timeline.simulate`) is exact arithmetic on the same action lists: its
   bubble must equal the textbook formulas to 1e-12, its in-flight counts the executor's exactly.
 * Measured timelines (``delay`` of pretend compute per action; the machine has 2 cores and is
   shared with other tests, so times are noisy): only what holds under any load is asserted.
@@ -49,8 +49,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import distlab  # noqa: E402
-from distlab import checks, models, pipeline  # noqa: E402
-from distlab.pipeline import Action  # noqa: E402
+from distlab import models  # noqa: E402
+from distlab.grade import checks
+from distlab.pipeline_parallel import schedules, stages, torch_pipelining, training
+from distlab.pipeline_parallel import timeline as pp_timeline
+from distlab.pipeline_parallel.schedules import Action  # noqa: E402
 
 WORLD_SIZES = (2, 4)
 CONFIG = {"layers": 8}          # 8 blocks: 2 or 4 stages, or 8 chunks for interleaved on 4 ranks
@@ -88,22 +91,22 @@ def _every_schedule(data):
     world = dist.get_world_size()
     out = {"ours": {}, "torch": {}, "timed": {}, "errors": {}}
     for run, (name, m, v) in OURS.items():
-        out["ours"][run] = pipeline.train_step(name, data, m, v, **CONFIG)
-    for name in pipeline.TORCH_SCHEDULES:
-        out["torch"][name] = pipeline.torch_pipeline_step(name, data, M, **CONFIG)
+        out["ours"][run] = training.train_step(name, data, m, v, **CONFIG)
+    for name in torch_pipelining.TORCH_SCHEDULES:
+        out["torch"][name] = torch_pipelining.torch_pipeline_step(name, data, M, **CONFIG)
     if world == 4:   # two pipelines of 2 stages side by side: ranks 0 -> 2 and 1 -> 3
         groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-        out["ours"]["1f1b, group"] = pipeline.train_step("1f1b", data, M, group=groups[dist.get_rank() % 2], **CONFIG)
+        out["ours"]["1f1b, group"] = training.train_step("1f1b", data, M, group=groups[dist.get_rank() % 2], **CONFIG)
     for name in TIMED:
         m = OURS[name][1]
-        out["timed"][name] = pipeline.train_step(name, data, m, delay=DELAY, **CONFIG)
+        out["timed"][name] = training.train_step(name, data, m, delay=DELAY, **CONFIG)
     bad = {
-        "schedule for another world size": lambda: pipeline.train_step(
-            pipeline.make_schedule("gpipe", world + 1, M), data, M, **CONFIG),
-        "micro-batches do not divide the batch": lambda: pipeline.train_step("gpipe", data, 3, **CONFIG),
-        "layers do not divide into stages": lambda: pipeline.train_step("gpipe", data, M, layers=3),
-        "interleaved m not a multiple of p": lambda: pipeline.train_step("interleaved", data, world // 2, 2, **CONFIG),
-        "torch: micro-batches do not divide": lambda: pipeline.torch_pipeline_step("gpipe", data, 3, **CONFIG),
+        "schedule for another world size": lambda: training.train_step(
+            schedules.make_schedule("gpipe", world + 1, M), data, M, **CONFIG),
+        "micro-batches do not divide the batch": lambda: training.train_step("gpipe", data, 3, **CONFIG),
+        "layers do not divide into stages": lambda: training.train_step("gpipe", data, M, layers=3),
+        "interleaved m not a multiple of p": lambda: training.train_step("interleaved", data, world // 2, 2, **CONFIG),
+        "torch: micro-batches do not divide": lambda: torch_pipelining.torch_pipeline_step("gpipe", data, 3, **CONFIG),
     }
     for what, call in bad.items():
         try:
@@ -178,7 +181,7 @@ def test_one_process_runs_every_schedule_on_its_own_chunks(one_thread):
     """World size 1 (no process group): all chunks on one rank, handed over locally, same gradients."""
     ref_grads, ref_loss = reference()
     for name, m, v in [("gpipe", 4, 1), ("1f1b", 8, 1), ("interleaved", 4, 4), ("zb-h1", 2, 1)]:
-        result = pipeline.train_step(name, batch(), m, v, **CONFIG)
+        result = training.train_step(name, batch(), m, v, **CONFIG)
         checks.assert_gradients_match([result.grads], ref_grads)
         assert result.loss == pytest.approx(ref_loss, rel=1e-6)
 
@@ -190,18 +193,18 @@ def _order(schedule):
 
 
 def test_1f1b_and_zb_h1_action_order():
-    assert _order(pipeline.make_schedule("1f1b", 4, 6)) == [
+    assert _order(schedules.make_schedule("1f1b", 4, 6)) == [
         "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5",
         "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
         "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5",
         "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5",
     ]
-    assert _order(pipeline.make_schedule("gpipe", 2, 3)) == ["F0 F1 F2 B0 B1 B2"] * 2
-    assert _order(pipeline.make_schedule("zb-h1", 2, 4)) == [
+    assert _order(schedules.make_schedule("gpipe", 2, 3)) == ["F0 F1 F2 B0 B1 B2"] * 2
+    assert _order(schedules.make_schedule("zb-h1", 2, 4)) == [
         "F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3",
         "F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3",
     ]
-    interleaved = pipeline.make_schedule("interleaved", 2, 2, 2)
+    interleaved = schedules.make_schedule("interleaved", 2, 2, 2)
     assert [[(a.kind, a.micro, a.chunk) for a in actions] for actions in interleaved] == [
         [("F", 0, 0), ("F", 1, 0), ("F", 0, 2), ("F", 1, 2), ("B", 0, 2), ("B", 1, 2), ("B", 0, 0), ("B", 1, 0)],
         [("F", 0, 1), ("F", 1, 1), ("F", 0, 3), ("B", 0, 3), ("F", 1, 3), ("B", 1, 3), ("B", 0, 1), ("B", 1, 1)],
@@ -211,8 +214,8 @@ def test_1f1b_and_zb_h1_action_order():
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_ranks_ran_their_actions_in_order_and_held_what_the_schedule_says(runs, n):
     for run, (name, m, v) in OURS.items():
-        schedule = pipeline.make_schedule(name, n, m, v)
-        modelled = pipeline.simulate(schedule)
+        schedule = schedules.make_schedule(name, n, m, v)
+        modelled = pp_timeline.simulate(schedule)
         for rank, result in enumerate(r["ours"][run] for r in runs[n]):
             assert result.actions == schedule[rank], (run, rank)
             assert [e.name for e in result.events] == [e.name for e in modelled.events[rank]], (run, rank)
@@ -230,27 +233,27 @@ def test_ranks_ran_their_actions_in_order_and_held_what_the_schedule_says(runs, 
 
 def test_modelled_bubble_equals_the_formula():
     for p in (1, 2, 3, 4, 8):
-        assert pipeline.simulate(pipeline.make_schedule("naive", p, 1)).bubble == pytest.approx((p - 1) / p, abs=1e-12)
+        assert pp_timeline.simulate(schedules.make_schedule("naive", p, 1)).bubble == pytest.approx((p - 1) / p, abs=1e-12)
         for m in (1, 2, 4, 5, 8, 16):
             for name in ("gpipe", "1f1b", "zb-h1") if m >= p else ("gpipe", "1f1b"):   # ZB-H1: m >= p
-                modelled = pipeline.simulate(pipeline.make_schedule(name, p, m)).bubble
-                assert modelled == pytest.approx(pipeline.bubble_formula(name, p, m), abs=1e-12), (name, p, m)
+                modelled = pp_timeline.simulate(schedules.make_schedule(name, p, m)).bubble
+                assert modelled == pytest.approx(pp_timeline.bubble_formula(name, p, m), abs=1e-12), (name, p, m)
             for v in (2, 3):
                 if m % p == 0:
-                    modelled = pipeline.simulate(pipeline.make_schedule("interleaved", p, m, v)).bubble
+                    modelled = pp_timeline.simulate(schedules.make_schedule("interleaved", p, m, v)).bubble
                     assert modelled == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12), (p, m, v)
-    assert pipeline.bubble_formula("1f1b", 4, 8) == pytest.approx(3 / 11)
-    assert pipeline.bubble_formula("zb-h1", 4, 8) == pytest.approx(3 / 27)
+    assert pp_timeline.bubble_formula("1f1b", 4, 8) == pytest.approx(3 / 11)
+    assert pp_timeline.bubble_formula("zb-h1", 4, 8) == pytest.approx(3 / 27)
     # zero bubble with other costs (W cheaper than F): still the paper's (p-1)(F+I-W) / ...
     for forward, backward, weight in [(1, 1, 0.5), (1, 2, 1), (1, 1.5, 0.5)]:
-        modelled = pipeline.simulate(pipeline.make_schedule("zb-h1", 4, 8), forward, backward, weight).bubble
-        assert modelled == pytest.approx(pipeline.bubble_formula("zb-h1", 4, 8, 1, forward, backward, weight))
+        modelled = pp_timeline.simulate(schedules.make_schedule("zb-h1", 4, 8), forward, backward, weight).bubble
+        assert modelled == pytest.approx(pp_timeline.bubble_formula("zb-h1", 4, 8, 1, forward, backward, weight))
 
 
 def test_modelled_timeline_draws_one_bar_per_action():
-    timeline = pipeline.simulate(pipeline.make_schedule("zb-h1", 4, 4))
+    timeline = pp_timeline.simulate(schedules.make_schedule("zb-h1", 4, 4))
     assert timeline.length == 15 and timeline.peak_in_flight == [4, 4, 4, 4]
-    ax = pipeline.draw(timeline.events, unit="s")
+    ax = pp_timeline.draw(timeline.events, unit="s")
     assert len(ax.patches) == 4 * 4 * 3
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r} stage {r}" for r in range(4)]
 
@@ -270,12 +273,12 @@ def test_measured_timelines_respect_dependencies_and_show_the_bubble(runs, n):
             split = any(a.kind in "IW" for a in per_rank[0].actions)
             for result in per_rank:
                 for action, event in zip(result.actions, result.events):
-                    for need in pipeline.dependencies(action, chunks, split):
+                    for need in pp_timeline.dependencies(action, chunks, split):
                         assert event.start >= ended[need], (run, action, need)
-    measured = {name: pipeline.bubble_fraction([r["timed"][name].events for r in runs[n]]) for name in TIMED}
+    measured = {name: pp_timeline.bubble_fraction([r["timed"][name].events for r in runs[n]]) for name in TIMED}
     for name in TIMED:
-        schedule = pipeline.make_schedule(name, n, OURS[name][1])
-        assert measured[name] >= pipeline.simulate(schedule).bubble - 0.05, (name, measured)
+        schedule = schedules.make_schedule(name, n, OURS[name][1])
+        assert measured[name] >= pp_timeline.simulate(schedule).bubble - 0.05, (name, measured)
         assert measured[name] < 1
     assert measured["naive"] > measured["gpipe"], measured
 
@@ -294,32 +297,32 @@ def test_bad_inputs_raise_clear_value_errors_on_the_ranks(runs, n):
 
 def test_bad_inputs_raise_value_errors_in_one_process(one_thread):
     cases = [
-        (lambda: pipeline.make_schedule("pipedream", 2, 4), "unknown schedule"),
-        (lambda: pipeline.make_schedule("naive", 2, 4), "micro_batches must be 1"),
-        (lambda: pipeline.make_schedule("1f1b", 2, 4, virtual=2), "only the interleaved"),
-        (lambda: pipeline.make_schedule("gpipe", 0, 4), "stages must be a positive integer"),
-        (lambda: pipeline.make_schedule("interleaved", 4, 6, 2), "multiple of 4"),
-        (lambda: pipeline.split_gpt(models.build("gpt", layers=2), 4), "do not split evenly into 4"),
-        (lambda: pipeline.micro_batches_of(batch(), 0), "does not split into 0"),
-        (lambda: pipeline.bubble_formula("pipedream", 2, 4), "unknown schedule"),
-        (lambda: pipeline.train_step("gpipe", batch(), 5, **CONFIG), "does not split into 5"),
+        (lambda: schedules.make_schedule("pipedream", 2, 4), "unknown schedule"),
+        (lambda: schedules.make_schedule("naive", 2, 4), "micro_batches must be 1"),
+        (lambda: schedules.make_schedule("1f1b", 2, 4, virtual=2), "only the interleaved"),
+        (lambda: schedules.make_schedule("gpipe", 0, 4), "stages must be a positive integer"),
+        (lambda: schedules.make_schedule("interleaved", 4, 6, 2), "multiple of 4"),
+        (lambda: stages.split_gpt(models.build("gpt", layers=2), 4), "do not split evenly into 4"),
+        (lambda: stages.micro_batches_of(batch(), 0), "does not split into 0"),
+        (lambda: pp_timeline.bubble_formula("pipedream", 2, 4), "unknown schedule"),
+        (lambda: training.train_step("gpipe", batch(), 5, **CONFIG), "does not split into 5"),
         # world size 1 here: a schedule for 2 ranks does not fit
-        (lambda: pipeline.train_step(pipeline.make_schedule("gpipe", 2, M), batch(), M, **CONFIG),
+        (lambda: training.train_step(schedules.make_schedule("gpipe", 2, M), batch(), M, **CONFIG),
          "for 2 pipeline ranks, but 1 ranks"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
     with pytest.raises(ValueError, match="needs stages built with zero_bubble=True"):
-        pipeline.run_step(pipeline.build_chunks(**CONFIG), pipeline.make_schedule("zb-h1", 1, M), batch(), M)
+        training.run_step(training.build_chunks(**CONFIG), schedules.make_schedule("zb-h1", 1, M), batch(), M)
     with pytest.raises(ValueError, match="defer their weight gradients"):
-        pipeline.run_step(pipeline.build_chunks(zero_bubble=True, **CONFIG), pipeline.make_schedule("gpipe", 1, M),
+        training.run_step(training.build_chunks(zero_bubble=True, **CONFIG), schedules.make_schedule("gpipe", 1, M),
                           batch(), M)
-    schedule = pipeline.make_schedule("1f1b", 2, 4)
+    schedule = schedules.make_schedule("1f1b", 2, 4)
     with pytest.raises(ValueError, match=r"rank 1's actions are not one of each: missing \[Action\(kind='B', micro=0"):
-        pipeline.check_schedule([schedule[0], [a for a in schedule[1] if a != Action("B", 0, 1)]], 4, 2)
+        schedules.check_schedule([schedule[0], [a for a in schedule[1] if a != Action("B", 0, 1)]], 4, 2)
     with pytest.raises(ValueError, match="repeated"):
-        pipeline.check_schedule([schedule[0], schedule[1] + [Action("F", 0, 1)]], 4, 2)
+        schedules.check_schedule([schedule[0], schedule[1] + [Action("F", 0, 1)]], 4, 2)
 
 
 DEADLOCK = [  # every action present, in an order that cannot work: rank 1 waits for F1 before B0
@@ -329,13 +332,13 @@ DEADLOCK = [  # every action present, in an order that cannot work: rank 1 waits
 
 
 def test_the_model_finds_a_deadlocking_schedule():
-    pipeline.check_schedule(DEADLOCK, 2, 2)                    # complete: the counting check passes
+    schedules.check_schedule(DEADLOCK, 2, 2)                    # complete: the counting check passes
     with pytest.raises(ValueError, match="deadlocks: rank 0: B0 .* waits for B0 on chunk 1; rank 1: F1 .* waits for F1 on chunk 0"):
-        pipeline.simulate(DEADLOCK)
+        pp_timeline.simulate(DEADLOCK)
 
 
 def _deadlocked_step(data):
-    return pipeline.train_step(DEADLOCK, data, 2, **CONFIG).loss
+    return training.train_step(DEADLOCK, data, 2, **CONFIG).loss
 
 
 def test_a_deadlocking_schedule_times_out_instead_of_hanging(pools):

@@ -9,12 +9,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import wait_until_gone
 
 import distlab
 from distlab import DistTimeout, RankError
-from distlab.launch import rank_setup
-
-from conftest import wait_until_gone
+from distlab.runtime.options import rank_setup
 
 
 def pid_and_sum(x):

@@ -16,7 +16,6 @@ import torch.distributed as dist
 import distlab
 from distlab import DistTimeout, RankError
 
-
 # ---- results -------------------------------------------------------------------------------
 
 def rank_and_world(offset, scale=1):
@@ -113,7 +112,7 @@ def test_output_is_streamed_live_with_rank_prefix(capsys):
 
 
 def test_huge_output_is_cut_and_counted(capsys, monkeypatch):
-    monkeypatch.setattr(distlab.output, "MAX_OUTPUT_BYTES", 10_000)
+    monkeypatch.setattr(distlab.runtime.output, "MAX_OUTPUT_BYTES", 10_000)
 
     def chatty():
         for i in range(20_000):
@@ -277,9 +276,9 @@ def test_global_unpicklable_is_named(tmp_path):
 
 
 def test_ranks_that_cannot_start_give_a_start_timeout(monkeypatch):
-    import distlab.local
+    from distlab.runtime import watcher
 
-    monkeypatch.setattr(distlab.local, "START_TIMEOUT", 0.5)  # no rank imports torch that fast
+    monkeypatch.setattr(watcher, "START_TIMEOUT", 0.5)  # no rank imports torch that fast
     with pytest.raises(DistTimeout) as info:
         distlab.run(rank_and_world, 0, nprocs=2, timeout=60)
     assert info.value.waiting_for == "start"

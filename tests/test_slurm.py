@@ -23,12 +23,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+import slurm_cluster
 
 import distlab
-import slurm_cluster
-from distlab import RankError, launch, slurm, slurm_cli, slurm_config
-from distlab.local import LocalJob
-from distlab.slurm import SbatchJob, SlurmJobError, SrunJob
+from distlab import RankError
+from distlab.runtime import launchers
+from distlab.runtime.launchers.local import LocalJob
+from distlab.runtime.launchers.slurm import commands, script
+from distlab.runtime.launchers.slurm import config as slurm_config
+from distlab.runtime.launchers.slurm.commands import SlurmJobError
+from distlab.runtime.launchers.slurm.sbatch import QueuedJob, SbatchJob
+from distlab.runtime.launchers.slurm.srun import SrunJob
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT_TIMEOUT = 20
@@ -48,43 +53,43 @@ def clean_env(monkeypatch, tmp_path):
 
 def test_auto_picks_srun_inside_an_allocation_and_local_outside(clean_env, monkeypatch):
     has_srun = {"value": True}
-    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/srun" if has_srun["value"] else None)
-    assert launch.choose_launcher("auto") is LocalJob  # no SLURM_JOB_ID: a laptop, a login node
+    monkeypatch.setattr(commands.shutil, "which", lambda name: "/usr/bin/srun" if has_srun["value"] else None)
+    assert launchers.choose("auto") is LocalJob  # no SLURM_JOB_ID: a laptop, a login node
     monkeypatch.setenv("SLURM_JOB_ID", "42")
-    assert launch.choose_launcher("auto") is SrunJob
+    assert launchers.choose("auto") is SrunJob
     has_srun["value"] = False  # a job id but no Slurm tools: local after all
-    assert launch.choose_launcher("auto") is LocalJob
+    assert launchers.choose("auto") is LocalJob
     has_srun["value"] = True
     monkeypatch.setenv("DISTLAB_LAUNCHER", "local")  # the user's explicit choice wins
-    assert launch.choose_launcher("auto") is LocalJob
-    assert launch.choose_launcher("srun") is SrunJob
-    assert launch.choose_launcher("sbatch") is SbatchJob
+    assert launchers.choose("auto") is LocalJob
+    assert launchers.choose("srun") is SrunJob
+    assert launchers.choose("sbatch") is SbatchJob
     with pytest.raises(ValueError, match="'sbatch'.*'srun'"):
-        launch.choose_launcher("slurm")
+        launchers.choose("slurm")
 
 
 def test_ranks_are_spread_evenly_over_nodes():
-    assert slurm.ranks_per_node(4, 2) == 2
-    assert slurm.ranks_per_node(3, 1) == 3
+    assert commands.ranks_per_node(4, 2) == 2
+    assert commands.ranks_per_node(3, 1) == 3
     with pytest.raises(ValueError, match="3 ranks cannot be spread evenly over 2 nodes"):
-        slurm.ranks_per_node(3, 2)
+        commands.ranks_per_node(3, 2)
 
 
 def test_cpus_per_node_reads_slurms_compressed_format():
-    assert slurm.cpus_per_node("36(x2),72") == 36
-    assert slurm.cpus_per_node("2") == 2
-    assert slurm.cpus_per_node("") is None
+    assert commands.cpus_per_node("36(x2),72") == 36
+    assert commands.cpus_per_node("2") == 2
+    assert commands.cpus_per_node("") is None
 
 
 def test_a_batch_job_asks_for_its_timeout_plus_two_minutes_to_start_and_leave():
-    assert slurm.minutes_for(60) == "3"
-    assert slurm.minutes_for(61) == "4"
-    assert slurm.minutes_for(5) == "3"
+    assert script.minutes_for(60) == "3"
+    assert script.minutes_for(61) == "4"
+    assert script.minutes_for(5) == "3"
 
 
 def test_each_node_runs_torchrun_and_only_the_first_hosts_the_rendezvous():
-    line = slurm.torchrun_on_each_node("echo", "2", 4, "n1i:23456", "run-x",
-                                       ["--module", "distlab.worker", "/runs/a b"])
+    line = script.torchrun_on_each_node("echo", "2", 4, "n1i:23456", "run-x",
+                                       ["--module", "distlab.runtime.worker", "/runs/a b"])
     for part in ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
                  "--rdzv-endpoint=n1i:23456", "--rdzv-id=run-x", "'/runs/a b'"]:
         assert part in line
@@ -92,11 +97,11 @@ def test_each_node_runs_torchrun_and_only_the_first_hosts_the_rendezvous():
     for node_id, is_host in (("0", "1"), ("1", "0")):
         out = subprocess.run(["bash", "-c", line], env={"SLURM_NODEID": node_id, "PATH": os.environ["PATH"]},
                              capture_output=True, text=True, timeout=10)
-        assert f"--rdzv-conf=is_host={is_host} --module distlab.worker /runs/a b" in out.stdout
+        assert f"--rdzv-conf=is_host={is_host} --module distlab.runtime.worker /runs/a b" in out.stdout
 
 
 def test_srun_runs_one_task_per_node_on_exactly_those_nodes():
-    cmd = slurm.srun_command(["n1", "n2"], "distlab-run-x", "exec true", cpus=8)
+    cmd = script.srun_command(["n1", "n2"], "distlab-run-x", "exec true", cpus=8)
     assert cmd[:1] == ["srun"] and cmd[-3:] == ["bash", "-c", "exec true"]
     for option in ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
                    "--job-name=distlab-run-x", "--kill-on-bad-exit=1", "--cpus-per-task=8"]:
@@ -168,8 +173,8 @@ def test_job_script_has_the_settings_the_offline_caches_and_srun_torchrun(clean_
         sbatch_options = ["--reservation=course"]
         """)
     config = slurm_config.load()
-    script = slurm.job_script(config, nodes=2, nproc_per_node=4, target=["train.py", "--epochs", "3"],
-                              job_name="train", time_limit="30", output="out-%j.txt")
+    text = script.job_script(config, nodes=2, nproc_per_node=4, target=["train.py", "--epochs", "3"],
+                            job_name="train", time_limit="30", output="out-%j.txt")
     for line in ["#SBATCH --account=proj", "#SBATCH --partition=booster", "#SBATCH --gres=gpu:4",
                  "#SBATCH --cpus-per-task=32", "#SBATCH --nodes=2", "#SBATCH --time=30",
                  "#SBATCH --reservation=course", "#SBATCH --output=out-%j.txt",
@@ -179,19 +184,29 @@ def test_job_script_has_the_settings_the_offline_caches_and_srun_torchrun(clean_
                  'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)i"',
                  "srun --kill-on-bad-exit=1", "exec python -m torch.distributed.run",
                  "--nproc-per-node=4", "train.py --epochs 3"]:
-        assert line in script, line
+        assert line in text, line
     path = tmp_path / "job.sbatch"
-    path.write_text(script)
+    path.write_text(text)
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=10)
     assert syntax.returncode == 0, syntax.stderr
 
 
-def test_the_checked_in_template_is_what_the_generator_writes(clean_env, monkeypatch, capsys):
+def test_the_checked_in_template_is_what_the_installed_command_writes(clean_env):
     # templates/slurm/train-2-nodes.sbatch is for reading and copying; it must not drift from
-    # the code. Regenerate it with the command in templates/slurm/README.md.
-    monkeypatch.setenv("DISTLAB_CONFIG", str(REPO / "templates" / "slurm" / "distlab.toml"))
-    assert slurm_cli.main(["script", "--nodes", "2", "--time", "1:00:00", "--", "train.py", "--epochs", "3"]) == 0
-    assert capsys.readouterr().out == (REPO / "templates" / "slurm" / "train-2-nodes.sbatch").read_text()
+    # the code. Regenerate it with the command in templates/slurm/README.md (this one).
+    command = Path(sys.executable).with_name("distlab-slurm")
+    env = dict(os.environ, DISTLAB_CONFIG=str(REPO / "templates" / "slurm" / "distlab.toml"))
+    out = subprocess.run([str(command), "script", "--nodes", "2", "--time", "1:00:00", "--", "train.py", "--epochs", "3"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (REPO / "templates" / "slurm" / "train-2-nodes.sbatch").read_text()
+
+
+def test_a_bad_setting_is_one_line_from_the_command(clean_env, tmp_path):
+    (tmp_path / "distlab.toml").write_text("[slurm]\nnodes = 0\n")
+    out = subprocess.run([str(Path(sys.executable).with_name("distlab-slurm")), "config"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 1 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
 
 
 def test_srun_outside_an_allocation_is_a_clear_error(clean_env):
@@ -309,7 +324,7 @@ def slurm_env(cluster, monkeypatch):
 
 
 def _jobs_active() -> list[str]:
-    return [line for line in _jobs() if line.split()[1] in slurm.ACTIVE_STATES]
+    return [line for line in _jobs() if line.split()[1] in commands.ACTIVE_STATES]
 
 
 def _salloc_python(tmp_path: Path, code: str, nodes: int, minutes: int = 5, timeout: float = 120,
@@ -359,7 +374,7 @@ def _check_two_by_two(results, offset=0):
 def test_srun_inside_salloc_runs_two_nodes_times_two_ranks(slurm_env, tmp_path, monkeypatch):
     monkeypatch.setenv("DISTLAB_SLURM_HOSTNAME_SUFFIX", "i")
     out = _salloc_python(tmp_path, WHO_AM_I + """
-        print("launcher:", distlab.launch.choose_launcher("auto").__name__)
+        print("launcher:", distlab.runtime.launchers.choose("auto").__name__)
         print("RESULT " + json.dumps(distlab.run(who_am_i, 10, nprocs=4, timeout=90)))
         with distlab.Pool(nprocs=4) as pool:  # warm ranks, started once through the same srun
             print("POOL " + json.dumps([pool.run(who_am_i, k, timeout=60) for k in (20, 30)]))
@@ -383,7 +398,7 @@ def test_sbatch_from_outside_runs_two_nodes_times_two_ranks_and_shows_the_queue(
     monkeypatch.setenv("DISTLAB_SLURM_ACCOUNT", "course42")
     namespace: dict = {"__name__": "who_am_i_script"}
     exec(WHO_AM_I, namespace)
-    assert launch.choose_launcher("auto") is LocalJob  # outside any allocation
+    assert launchers.choose("auto") is LocalJob  # outside any allocation
     results = distlab.run(namespace["who_am_i"], 0, nprocs=4, timeout=90, launcher="sbatch")
     _check_two_by_two(results)
     assert {r["account"] for r in results} == {"course42"}  # the setting reached sbatch
@@ -402,7 +417,7 @@ def test_sbatch_from_outside_runs_two_nodes_times_two_ranks_and_shows_the_queue(
 @pytest.mark.slow
 def test_the_job_script_template_runs_a_training_script_on_two_nodes(slurm_env, tmp_path):
     generated = subprocess.run(
-        [sys.executable, "-m", "distlab.slurm_cli", "script", "--nodes", "2", "--ranks-per-node", "2",
+        [sys.executable, "-m", "distlab.runtime.launchers.slurm", "script", "--nodes", "2", "--ranks-per-node", "2",
          "--time", "5", "--output", str(tmp_path / "train-%j.out"), "--",
          str(REPO / "tests" / "slurm_train.py"), "--steps", "3"],
         capture_output=True, text=True, timeout=30, cwd=tmp_path)
@@ -412,7 +427,7 @@ def test_the_job_script_template_runs_a_training_script_on_two_nodes(slurm_env, 
                                capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
-    queued = slurm.QueuedJob(job_id, poll_seconds=0.5)
+    queued = QueuedJob(job_id, poll_seconds=0.5)
     deadline = time.monotonic() + 90
     while (queued.refresh(force=True), queued.active)[1]:
         assert time.monotonic() < deadline, f"job {job_id} still {queued.state} after 90 s"

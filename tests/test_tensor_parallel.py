@@ -4,7 +4,7 @@ Every rank builds the reference model from the same seed, slices it into its ten
 twin, and runs the same full batch (tensor parallelism does not split the data). Each check
 then compares a rank's *shard* with the matching slice of the single-process result.
 
-Tolerances (float32; see distlab.checks):
+Tolerances (float32; see distlab.grade.checks):
 
 * Forward values (logits, losses, MLP outputs): ``checks.assert_tensor_close`` with rtol
   1e-5 and atol 1e-5 * max|reference|. A row-parallel layer adds ``N`` partial sums that
@@ -16,7 +16,7 @@ Tolerances (float32; see distlab.checks):
   the same reordering backward, measured at most 7e-7 of the largest (4 ranks): a 14x
   margin. Forgetting a backward all-reduce leaves the input, embedding and LayerNorm
   gradients off by tens of percent.
-* Communication is counted (distlab.comm), so exact.
+* Communication is counted (distlab.tools.comm), so exact.
 
 One ``distlab.Pool`` per world size, and one call per pool that runs every check on the
 ranks and returns the results (a warm call costs ~2 s, a cold launch ~5 s; the file ~45 s
@@ -36,7 +36,9 @@ import torch
 import torch.nn.functional as F
 
 import distlab
-from distlab import checks, memory, models
+from distlab import models
+from distlab.grade import checks
+from distlab.tools import memory
 
 WORLD_SIZES = (2, 4)
 BATCH = 4                                                   # sequences of TinyGPT's context (32)
@@ -68,7 +70,9 @@ def _gpt(sequence_parallel: bool, shards_only: bool = False):
     """TinyGPT's tensor-parallel twin: logits, loss, gradient shards, comm, largest tensor made."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from distlab import comm, tensor_parallel as tp
+    from distlab.tensor_parallel import layers as tp_layers
+    from distlab.tensor_parallel import model as tp_model
+    from distlab.tools import comm
 
     class Largest(TorchDispatchMode):
         """The largest number of elements of any tensor an op produced (a memory probe)."""
@@ -82,22 +86,22 @@ def _gpt(sequence_parallel: bool, shards_only: bool = False):
             return out
 
     reference = models.build("gpt", seed=0)
-    model = tp.parallelize_gpt(reference, sequence_parallel=sequence_parallel)
+    model = tp_model.parallelize_gpt(reference, sequence_parallel=sequence_parallel)
     if shards_only:
-        tp.save_only_sequence_shards(model)
+        tp_model.save_only_sequence_shards(model)
     inputs, targets = gpt_batch()
     with Largest(), comm.record() as forward, memory.saved_activation_bytes() as saved:
         logits = model(inputs)
-        loss = tp.vocab_parallel_cross_entropy(logits, targets).mean()
+        loss = tp_layers.vocab_parallel_cross_entropy(logits, targets).mean()
     with Largest(), comm.record() as backward:
         loss.backward()
     with comm.record() as sync:
-        tp.all_reduce_sequence_parallel_gradients(model)
+        tp_model.all_reduce_sequence_parallel_gradients(model)
     reference_grads = models.reference_gradients(reference, (inputs, targets))
     return {
         "logits": logits.detach(), "loss": loss.detach(),
         "grads": {n: p.grad for n, p in model.named_parameters()},
-        "expected_grads": tp.shard_like(model, reference_grads),
+        "expected_grads": tp_layers.shard_like(model, reference_grads),
         "forward": _ops(forward), "backward": _ops(backward), "sync": _ops(sync),
         "largest": Largest.numel, "saved": saved.bytes,
         "params": {n: p.detach() for n, p in model.named_parameters()},
@@ -108,10 +112,13 @@ def _mlp(sequence_parallel: bool):
     """Megatron MLP from a TinyMLP: output, input gradient, weight gradient shards, comm per direction."""
     import torch.distributed as dist
 
-    from distlab import comm, tensor_parallel as tp
+    from distlab.tensor_parallel import layers as tp_layers
+    from distlab.tensor_parallel import model as tp_model
+    from distlab.tensor_parallel import regions
+    from distlab.tools import comm
 
     reference = models.build("mlp", seed=0, **MLP)
-    model = tp.parallelize_mlp(reference, sequence_parallel=sequence_parallel)
+    model = tp_model.parallelize_mlp(reference, sequence_parallel=sequence_parallel)
     x = mlp_input()
     if sequence_parallel:                                   # each rank holds its part of the sequence
         x = x.chunk(dist.get_world_size(), dim=1)[dist.get_rank()].contiguous()
@@ -120,12 +127,12 @@ def _mlp(sequence_parallel: bool):
         out = model(x)
     loss = mlp_loss(out)
     if sequence_parallel:                                   # the mean of the full output, from shards
-        loss = tp.reduce_from_parallel_region(loss) / dist.get_world_size()
+        loss = regions.reduce_from_parallel_region(loss) / dist.get_world_size()
     with comm.record() as backward:
         loss.backward()
-    tp.all_reduce_sequence_parallel_gradients(model)
+    tp_model.all_reduce_sequence_parallel_gradients(model)
     mlp_loss(reference(mlp_input())).backward()            # the single-process gradients, sliced
-    expected = tp.shard_like(model, {n: p.grad for n, p in reference.named_parameters()})
+    expected = tp_layers.shard_like(model, {n: p.grad for n, p in reference.named_parameters()})
     return {"out": out.detach(), "x_grad": x.grad, "expected_grads": expected,
             "grads": {n: p.grad for n, p in model.named_parameters()},
             "forward": _ops(forward), "backward": _ops(backward)}
@@ -149,14 +156,14 @@ def _cross_entropy():
     """Vocab-parallel cross-entropy on random logits vs F.cross_entropy on the full ones."""
     import torch.distributed as dist
 
-    from distlab import tensor_parallel as tp
+    from distlab.tensor_parallel import layers as tp_layers
 
     n, rank = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(3)
     full = 4 * torch.randn(VOCAB_ROWS, 256, generator=g)
     targets = torch.randint(0, 256, (VOCAB_ROWS,), generator=g)
     local = full.chunk(n, dim=-1)[rank].clone().requires_grad_(True)
-    per_token = tp.vocab_parallel_cross_entropy(local, targets)
+    per_token = tp_layers.vocab_parallel_cross_entropy(local, targets)
     per_token.mean().backward()
     return {"loss": per_token.detach(), "grad": local.grad}
 
@@ -165,15 +172,16 @@ def _uneven():
     """The ValueError messages for sizes that do not divide by the world size."""
     import torch.distributed as dist
 
-    from distlab import tensor_parallel as tp
+    from distlab.tensor_parallel import layers as tp_layers
+    from distlab.tensor_parallel import model as tp_model
 
     n = dist.get_world_size()
     attempts = {
-        "column": lambda: tp.ColumnParallelLinear(4, 4 * n + 1),
-        "row": lambda: tp.RowParallelLinear(4 * n + 1, 4),
-        "heads": lambda: tp.ParallelAttention(models.GPTConfig(heads=n + 1, dim=8 * (n + 1))),
-        "vocab": lambda: tp.VocabParallelEmbedding(4 * n + 1, 8),
-        "sequence": lambda: tp.parallelize_gpt(models.build("gpt", seed=0), sequence_parallel=True)(
+        "column": lambda: tp_layers.ColumnParallelLinear(4, 4 * n + 1),
+        "row": lambda: tp_layers.RowParallelLinear(4 * n + 1, 4),
+        "heads": lambda: tp_model.ParallelAttention(models.GPTConfig(heads=n + 1, dim=8 * (n + 1))),
+        "vocab": lambda: tp_layers.VocabParallelEmbedding(4 * n + 1, 8),
+        "sequence": lambda: tp_model.parallelize_gpt(models.build("gpt", seed=0), sequence_parallel=True)(
             torch.zeros(1, 4 * n + 1, dtype=torch.long)),
     }
     messages = {}
@@ -221,7 +229,7 @@ def test_gpt_logits_loss_and_gradient_shards_match_the_single_process_model(resu
         assert r["logits"].shape == (*ref_logits.shape[:-1], ref_logits.shape[-1] // n)
         checks.assert_tensor_close(r["logits"], vocab_slice(ref_logits, rank, n), f"logits on rank {rank}", **TOL)
         checks.assert_tensor_close(r["loss"], ref_loss, f"loss on rank {rank}", **TOL)
-    for rank, r in enumerate(per_rank):
+    for r in per_rank:
         checks.assert_gradients_match([r["grads"]], r["expected_grads"])
 
 
@@ -236,7 +244,7 @@ def test_shards_are_the_slices_megatron_takes(results, n):
     dim, hidden, vocab = 64, 256, 256
     for rank, r in enumerate(results[n]):
         got = r["gpt"]["params"]
-        mine = lambda size: slice(rank * size // n, (rank + 1) * size // n)  # noqa: E731
+        mine = lambda size, rank=rank: slice(rank * size // n, (rank + 1) * size // n)  # noqa: E731
         qkv = ref["blocks.0.attn.qkv.weight"]
         # my heads' rows of q, of k and of v: not one contiguous third of the fused matrix
         expected_qkv = torch.cat([qkv[part * dim:(part + 1) * dim][mine(dim)] for part in range(3)])
@@ -334,7 +342,7 @@ def test_sequence_parallel_mlp_same_gradients_same_bytes(results, n):
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_dtensor_colwise_rowwise_gives_our_gradient_shards(results, n):
-    for rank, r in enumerate(results[n]):
+    for r in results[n]:
         ours, theirs = r["mlp"]["grads"], r["dtensor"]
         assert set(theirs) == set(ours)
         checks.assert_gradients_match([theirs], ours, what="DTensor gradient")

@@ -1,4 +1,4 @@
-"""distlab.trace: spans, async events that end when the work completes, overlap, the Gantt chart."""
+"""distlab.tools.trace: spans, async events that end when the work completes, overlap, the Gantt chart."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import distlab  # noqa: E402
-from distlab import ddp, models  # noqa: E402
-from distlab.trace import Event, Tracer, gantt, lanes_of, overlap_seconds  # noqa: E402
+from distlab import models  # noqa: E402
+from distlab.data_parallel import overlap
+from distlab.tools.trace import Event, Tracer, gantt, lanes_of, overlap_seconds  # noqa: E402
 
 
 def test_spans_and_overlap_arithmetic():
@@ -48,11 +48,11 @@ def test_gantt_rows_per_rank_and_lane():
 def traced_overlapped_step():
     tracer = Tracer()
     model = models.build("gpt", seed=0, dim=128, layers=4)
-    wrapper = ddp.OverlappedDDP(model, bucket_mb=0.1, tracer=tracer)
+    wrapper = overlap.OverlappedDDP(model, bucket_mb=0.1, tracer=tracer)
     shard = models.shard(models.example_batch("gpt", 8, dim=128, layers=4), dist.get_rank(), dist.get_world_size())
     for _ in range(2):
         with tracer.span("forward", kind="forward"):
-            loss = ddp.loss_fn(wrapper, shard)
+            loss = models.loss_fn(wrapper, shard)
         with tracer.span("backward", kind="backward"):
             loss.backward()
         with tracer.span("wait", kind="wait"):

@@ -24,7 +24,11 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab import checks, memory, models, zero
+from distlab import models
+from distlab.grade import checks
+from distlab.tools import comm_bytes, memory
+from distlab.zero import flat as zero_flat
+from distlab.zero import stages, theory
 
 STEPS = 3
 CONFIGS = {
@@ -58,13 +62,13 @@ def reference(kind, optimizer):
 
 def train_every_stage(kind, optimizer):
     """On each rank, for stages 0..3: STEPS steps from *this rank's own* random weights."""
-    from distlab import comm
+    from distlab.tools import comm
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for stage in range(4):
         model = models.build(kind, seed=rank, **CONFIGS[kind])   # only the broadcast makes them agree
-        sharded = zero.make(stage, model, OPTIMIZERS[optimizer], lr=LR[optimizer])
+        sharded = stages.make(stage, model, OPTIMIZERS[optimizer], lr=LR[optimizer])
         for step in range(STEPS):
             shard = models.shard(batch(kind, step), rank, world)
             sharded.zero_grad()
@@ -124,12 +128,12 @@ def test_bytes_held_per_rank_are_full_over_n_for_what_each_stage_shards(runs, ki
     _, _, full = reference(kind, "adamw")
     model = models.build(kind, **CONFIGS[kind])
     numel = memory.count_parameters(model)
-    padded = zero.padded_numel(model, n)
+    padded = zero_flat.padded_numel(model, n)
     for stage in range(4):
-        sharded_kinds = memory.SHARDED[stage]
+        sharded_kinds = theory.SHARDED[stage]
         for rank, result in enumerate(runs[(kind, "adamw", n)]):
             held = result[stage]["bytes"]
-            for what in memory.KINDS if kind == "gpt" else ():   # the 75-parameter MLP is all padding
+            for what in theory.KINDS if kind == "gpt" else ():   # the 75-parameter MLP is all padding
                 expected = full[what] / n if what in sharded_kinds else full[what]
                 assert abs(held[what] - expected) <= 0.05 * expected, (stage, rank, what, held[what], expected)
             # exactly the formula: 4 + 4 + 8 bytes per element, / n where sharded, with the padding
@@ -138,7 +142,7 @@ def test_bytes_held_per_rank_are_full_over_n_for_what_each_stage_shards(runs, ki
             exact = {"parameters": 4 * (flat / n if stage == 3 else flat),
                      "gradients": 4 * (padded / n if stage >= 2 else numel),
                      "optimizer": 8 * flat / (n if stage else 1)
-                     + 4 * (len(zero.default_units(model)) if stage else len(list(model.parameters())))}
+                     + 4 * (len(zero_flat.default_units(model)) if stage else len(list(model.parameters())))}
             assert {what: held[what] for what in exact} == exact, (stage, rank)
 
 
@@ -146,8 +150,8 @@ def test_bytes_held_per_rank_are_full_over_n_for_what_each_stage_shards(runs, ki
 @pytest.mark.parametrize("kind", ["gpt", "mlp"])
 def test_bytes_sent_zero12_like_ddp_zero3_one_and_a_half_no_all_reduce(runs, kind, n):
     model = models.build(kind, **CONFIGS[kind])
-    units = len(zero.default_units(model))
-    padded = zero.padded_numel(model, n)
+    units = len(zero_flat.default_units(model))
+    padded = zero_flat.padded_numel(model, n)
     sent = {}
     for stage in range(4):
         for rank, result in enumerate(runs[(kind, "sgd", n)]):
@@ -159,11 +163,11 @@ def test_bytes_sent_zero12_like_ddp_zero3_one_and_a_half_no_all_reduce(runs, kin
             gathers = units * (2 if stage == 3 else 1)
             assert counts == {"reduce_scatter_single": units, "all_gather_single": gathers}, (stage, counts)
             total = sum(c["sent"] for c in calls)
-            assert total == zero.comm_bytes_per_step(stage, padded, n), (stage, rank, total)
+            assert total == theory.comm_bytes_per_step(stage, padded, n), (stage, rank, total)
             sent[stage] = total
     if kind != "gpt":   # the 75-parameter MLP: padding is a large part of it, the exact check above suffices
         return
-    ddp = checks.all_reduce_bytes(4 * memory.count_parameters(model), n)
+    ddp = comm_bytes.all_reduce_bytes(4 * memory.count_parameters(model), n)
     for stage in (1, 2):
         assert abs(sent[stage] / ddp - 1) < 0.05, (stage, sent[stage], ddp)   # padding only
     assert abs(sent[3] / ddp - 1.5) < 0.05 * 1.5, (sent[3], ddp)
@@ -172,7 +176,7 @@ def test_bytes_sent_zero12_like_ddp_zero3_one_and_a_half_no_all_reduce(runs, kin
 def test_zero3_holds_at_most_two_units_of_full_weights(runs):
     model = models.build("gpt")
     for n in (2, 4):
-        largest = max(zero.padded_numel(unit, n, units=[unit]) for unit in zero.default_units(model)) * 4
+        largest = max(zero_flat.padded_numel(unit, n, units=[unit]) for unit in zero_flat.default_units(model)) * 4
         for result in runs[("gpt", "adamw", n)]:
             peak = result[3]["peak_gathered"]
             assert largest <= peak <= 2 * largest, (n, peak, largest)
@@ -180,7 +184,7 @@ def test_zero3_holds_at_most_two_units_of_full_weights(runs):
 
 def test_flat_unit_pads_and_slices():
     layer = torch.nn.Linear(4, 9)       # 45 elements
-    unit = zero.FlatUnit(layer, rank=3, world=4)
+    unit = zero_flat.FlatUnit(layer, rank=3, world=4)
     assert (unit.numel, unit.shard_numel, unit.padded, unit.mine()) == (45, 12, 48, slice(36, 48))
     flat = unit.flatten([p.detach() for p in unit.params])
     assert flat.shape == (48,) and flat[45:].eq(0).all()

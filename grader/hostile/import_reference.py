@@ -8,7 +8,7 @@ OUTPUT_CONTAINS = ["not allowed in this exercise"]
 AFFECTED = ["task2-tests"]
 ANSWERS = {"task2-answer": r'''import json, os
 import distlab
-from distlab.collectives import naive_all_reduce
+from distlab.collectives.all_reduce import naive_all_reduce
 
 _root = os.path.dirname(os.path.dirname(os.path.dirname(distlab.__file__)))
 _nb = json.load(open(os.path.join(_root, "solutions", "00-first-steps", "00-first-steps.ipynb")))

@@ -1,43 +1,63 @@
 """distlab: run code on N ranks from a notebook, and the reference implementations of the book.
 
-The pieces, one idea per module:
+The package follows the book. Each chapter's reference code is one package; the pages import
+it to make their figures, and the grader uses it as the reference:
 
-* :func:`run` (:mod:`distlab.launch`): call a function on N ranks through torchrun.
-* :class:`Pool` (:mod:`distlab.pool`): keep N ranks warm between calls.
-* :class:`RankError`, :class:`DistTimeout` (:mod:`distlab.errors`): what goes wrong, said clearly.
-* :mod:`distlab.comm`: record every distributed call a rank makes, with its bytes.
-* :func:`device` (:mod:`distlab.devices`): the device this rank should use.
-* ``%load_ext distlab`` then ``%%distributed -n 4`` (:mod:`distlab.magic`): a cell on N ranks.
+=====  ==========================  =============================  ==================================================
+ch.    topic                       package                        what its pages and exercise use
+=====  ==========================  =============================  ==================================================
+0      first steps                 :mod:`distlab.runtime`         ``run``, ``Pool``, ``%%distributed``, ``RankError``
+1      data loading                :mod:`distlab.data`            ``corpus_dataset``, ``sharding.DistributedSampler``,
+                                                                  the three strategies, ``measure``
+2      collectives                 :mod:`distlab.collectives`     ``all_reduce.ring_all_reduce`` (reduce-scatter +
+                                                                  all-gather), ``cost_model`` (α-β)
+3      data parallelism            :mod:`distlab.data_parallel`   ``naive``, ``buckets``, ``overlap.OverlappedDDP``,
+                                                                  ``no_sync`` and accumulation
+4      ZeRO and FSDP               :mod:`distlab.zero`            ``optimizer.ShardedOptimizer`` (ZeRO-1/2),
+                                                                  ``fully_shard.FullyShardedModel`` (ZeRO-3),
+                                                                  ``theory``, ``checkpointing``
+5      tensor parallelism          :mod:`distlab.tensor_parallel` ``regions`` (f and g), ``layers``, ``model``
+                                                                  (Megatron GPT, sequence parallel), ``dtensor``,
+                                                                  ``experts``
+6      pipeline parallelism        :mod:`distlab.pipeline_parallel`  ``stages``, ``schedules`` (GPipe, 1F1B,
+                                                                  interleaved, ZB-H1), ``simulate``, ``executor``
+7      3D parallelism              :mod:`distlab.parallel3d`      ``mesh.Grid`` (the rank grid), ``train``,
+                                                                  ``planner`` (choosing a layout)
+=====  ==========================  =============================  ==================================================
+
+Shared by every chapter: :mod:`distlab.models` (the tiny GPT and MLP, and the single-process
+reference), :mod:`distlab.tools` (the communication recorder, timelines, memory counting),
+:mod:`distlab.figures` (plots and widgets the pages share). The grader is :mod:`distlab.grade`.
+
+Here, at the top, is only what a notebook needs to run code on ranks:
+
+* :func:`run`: call a function on N ranks; :class:`Pool`: keep N ranks warm between calls;
+* :class:`RankError`, :class:`DistTimeout`, :class:`LaunchError`: what goes wrong, said clearly;
+* :func:`device`: the device this rank should use;
+* ``%load_ext distlab`` then ``%%distributed -n 4``: a cell on N ranks.
 
 ``import distlab`` is cheap: torch is imported only by the modules that need it.
 """
 
-from distlab.errors import DistTimeout, LaunchError, RankError
-from distlab.launch import MAX_NPROCS, run
-from distlab.pool import Pool, active_pools, fresh_processes, start_pool, stop_pools
-from distlab.serialize import NotPicklableError
+from distlab.runtime.errors import DistTimeout, LaunchError, RankError
+from distlab.runtime.options import MAX_NPROCS
+from distlab.runtime.pool import Pool, active_pools, fresh_processes, start_pool, stop_pools
+from distlab.runtime.run import run
+from distlab.runtime.serialize import NotPicklableError
 
-__all__ = ["run", "Pool", "start_pool", "stop_pools", "active_pools", "fresh_processes", "RankError", "DistTimeout", "LaunchError", "NotPicklableError", "MAX_NPROCS",
-           "comm", "device", "load_ipython_extension"]
+__all__ = ["run", "Pool", "start_pool", "stop_pools", "active_pools", "fresh_processes", "RankError", "DistTimeout",
+           "LaunchError", "NotPicklableError", "MAX_NPROCS", "device", "load_ipython_extension"]
 
 
 def device():
     """The device this rank should put its tensors on: ``cuda:LOCAL_RANK`` under NCCL, else CPU."""
-    from distlab.devices import device as _device
+    from distlab.runtime.devices import device as _device
 
     return _device()
 
 
 def load_ipython_extension(ipython):
     """``%load_ext distlab`` registers the ``%%distributed`` cell magic."""
-    from distlab.magic import register
+    from distlab.runtime.magic import register
 
     register(ipython)
-
-
-def __getattr__(name):
-    if name == "comm":  # imports torch, so only on first use
-        import importlib
-
-        return importlib.import_module("distlab.comm")
-    raise AttributeError(f"module 'distlab' has no attribute {name!r}")

@@ -146,11 +146,16 @@ def shard(batch, rank: int, world_size: int):
     return inputs[rows], targets[rows]
 
 
+def gradients(model: nn.Module) -> dict[str, torch.Tensor | None]:
+    """``{parameter name: copy of its gradient}`` (``None`` where a parameter has none)."""
+    return {name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
 def reference_gradients(model: nn.Module, batch) -> dict[str, torch.Tensor]:
     """``{parameter name: gradient}`` of the mean loss over the full batch, in one process."""
     model.zero_grad(set_to_none=True)
     loss_fn(model, batch).backward()
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    return gradients(model)
 
 
 def reference_training(model: nn.Module, batches, lr: float = 0.1) -> list[float]:

@@ -178,9 +178,8 @@ def dataset_folder(context: int = CONTEXT, copies: int = 1) -> Path:
         if copies == 1:
             prepare_on_login_node([text], building / "data", context, hf_cache=str(building / "hf-cache"))
         else:
-            from datasets import concatenate_datasets, load_from_disk
-
             import datasets
+            from datasets import concatenate_datasets, load_from_disk
 
             one = load_from_disk(str(dataset_folder(context, 1)))
             bars = datasets.is_progress_bar_enabled()

@@ -123,10 +123,10 @@ def measure_strategy(strategy: str, per_rank_batch: int = 64, steps: int = 40, c
     Returns ``{"samples_per_s"`` (this rank's samples / seconds), ``"anon_delta"``,
     ``"file_delta"`` (the most MiB held while loading minus before), ``"rss", "anon", "file",
     "peak"`` (the most while loading; memory is sampled every 25 steps, which costs ~0.1 ms),
-    ``"bytes_sent"`` (counted by :mod:`distlab.comm`), ``"checksum"`` (sum of every token this
+    ``"bytes_sent"`` (counted by :mod:`distlab.tools.comm`), ``"checksum"`` (sum of every token this
     rank received, to compare strategies)``}``.
     """
-    from distlab import comm
+    from distlab.tools import comm
 
     source = source or DEFAULT_SOURCE[strategy]
     world = dist.get_world_size()

@@ -26,7 +26,6 @@ import math
 import torch
 import torch.distributed as dist
 
-
 # -- the distributed sampler --------------------------------------------------------------------
 
 class DistributedSampler:
@@ -188,7 +187,7 @@ def dispatch(read_batch, batches, sample_shape, dtype=torch.uint8, src: int = 0)
     ``read_batch(indices) -> tensor`` is called on rank ``src`` only (the others may pass
     ``None`` and need no copy of the data). ``batches`` are the global batches of indices,
     known to every rank (only their number and size matter off ``src``). Per step, rank
-    ``src`` sends ``(N - 1) / N`` of the global batch: count it with :mod:`distlab.comm`.
+    ``src`` sends ``(N - 1) / N`` of the global batch: count it with :mod:`distlab.tools.comm`.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     for batch in batches:

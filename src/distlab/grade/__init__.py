@@ -14,6 +14,12 @@ The pieces, in the order a submission meets them:
   runs the student's cells and calls the real function there. Results come back as plain
   data through :mod:`distlab.grade.safeload` (a pickle loader that can build no objects
   but tensors, numbers, strings and containers).
-* :mod:`distlab.grade.gradebook_guard`: after each submission, checks that the gradebook
-  is intact and restores it if the submission damaged it.
+
+What the rank-side pieces are, which tests and the clean room both use:
+
+* :mod:`distlab.grade.checks`: what tests assert (values, gradients against the reference,
+  bytes on the wire, memory), with tolerances stated and messages safe to show;
+* :mod:`distlab.grade.forbid`: forbidden APIs (a reference or torch's built-in doing the work);
+* :mod:`distlab.grade.protect`: protected files and processes (an audit hook);
+* :mod:`distlab.grade.limits`: resource caps for one process (memory, processes, output, time).
 """

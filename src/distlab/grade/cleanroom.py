@@ -17,8 +17,8 @@ gradebook, the instructor's locked cells and test cells. For every test cell, in
 4. The verdict (passed or not) and the cell's output, made safe to show, are recorded.
 
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
-or ``distlab.checks`` there, or silencing tracebacks, changes nothing here. Hidden tests draw
-their inputs from a seed chosen here (:func:`distlab.checks.grading_seed`).
+or ``distlab.grade.checks`` there, or silencing tracebacks, changes nothing here. Hidden tests
+draw their inputs from a seed chosen here (:func:`distlab.grade.checks.grading_seed`).
 
 When everything is done, every process left below this one is killed (this process is a
 child subreaper, so escaped grandchildren are below it too), and only then is the verdict
@@ -131,7 +131,7 @@ def redact(text: str, hidden_source: list[str]) -> str:
 
 def _describe_failure(exc: BaseException, grade_id: str, source: str) -> str:
     """One safe line: the exception, or a generic message when a hidden assert failed."""
-    from distlab.checks import CheckFailed
+    from distlab.grade.checks import CheckFailed
 
     filename = f"<test {grade_id}>"
     line_in_test = None
@@ -142,7 +142,7 @@ def _describe_failure(exc: BaseException, grade_id: str, source: str) -> str:
     hidden_source = [source.splitlines()[n - 1] for n in sorted(_hidden_lines(source))]
     name = type(exc).__name__
     message = str(exc)
-    from distlab.errors import RankError
+    from distlab.runtime.errors import RankError
 
     if isinstance(exc, RankError):
         message = _student_view(exc)
@@ -200,7 +200,7 @@ class WarmRanks:
 
     A cold run pays ~5 s of starting ranks; a notebook's tests make a dozen runs. The pools
     start with the instructor's caps (``start_steps``) and each call still runs under the
-    guard. Between calls the ranks put back what :mod:`distlab.isolation` watches; a call
+    guard. Between calls the ranks put back what :mod:`distlab.runtime.isolation` watches; a call
     that fails or times out ends its pool, and the next call gets new ranks. A pool older
     than half the ranks' wall-clock cap is replaced before it could run into that cap.
     """
@@ -210,7 +210,7 @@ class WarmRanks:
         self.pools: dict = {}
 
     def ready(self, nprocs: int) -> None:
-        from distlab.pool import Pool
+        from distlab.runtime.pool import Pool
 
         pool = self.pools.get(nprocs)
         if pool is not None and pool.running and time.monotonic() - pool.started_at < self.max_age_s:
@@ -231,24 +231,25 @@ class WarmRanks:
 def grade(job: dict) -> dict:
     """Run every test cell of the job's notebook; return ``{grade_id: {"passed", "outputs"}}``."""
     import distlab
-    from distlab import checks, launch, serialize
-    from distlab.grade import safeload, sandbox
+    from distlab.grade import checks, safeload, sandbox
+    from distlab.runtime import options, serialize
+    from distlab.runtime import run as run_module
 
     checks._GRADING_SEED = secrets.randbelow(2**31)
     serialize.loads = safeload.loads  # results of student code: data only (see safeload)
-    real_run = launch.run
+    real_run = run_module.run
     caps = job["caps"]
-    limits_step = {"module": "distlab.limits", "function": "apply", "when": "start", "kwargs": caps}
+    limits_step = {"module": "distlab.grade.limits", "function": "apply", "when": "start", "kwargs": caps}
     warm = WarmRanks([limits_step], max_age_s=(caps.get("wall_s") or 600) / 2)
 
     def run_encoded(fn, *args, **kwargs):
         nprocs = kwargs.get("nprocs", 2)
         plain = all(kwargs.get(k) in (None, "auto") for k in ("backend", "threads", "launcher"))
         if plain and isinstance(nprocs, int) and 1 <= nprocs <= 8:
-            warm.ready(nprocs)  # otherwise launch.run starts cold ranks, with the same caps
+            warm.ready(nprocs)  # otherwise real_run starts cold ranks, with the same caps
         return real_run(sandbox.encoded_call, fn, *args, **kwargs)
 
-    distlab.run = launch.run = run_encoded
+    distlab.run = run_module.run = run_encoded
 
     guard = {"paths": job["protected"] + [os.getcwd()], "max_spawns": 0, "forbidden": job.get("forbidden", [])}
     trusted = {c["grade_id"]: c["source"] for c in job["trusted_cells"]}
@@ -262,8 +263,8 @@ def grade(job: dict) -> dict:
         if grade_id in tests:
             namespace.student_cells = list(student_cells)
             start = time.monotonic()
-            with launch.rank_setup(limits_step["module"], limits_step["function"], when="start", **caps), \
-                    launch.rank_setup("distlab.guard", "protect_rank", when="call", **guard):
+            with options.rank_setup(limits_step["module"], limits_step["function"], when="start", **caps), \
+                    options.rank_setup("distlab.grade.protect", "protect_rank", when="call", **guard):
                 verdicts[grade_id] = _run_test_cell(namespace, grade_id, tests[grade_id], job["test_timeout"])
             verdicts[grade_id]["seconds"] = round(time.monotonic() - start, 2)
             print(f"[clean room] {grade_id}: {'passed' if verdicts[grade_id]['passed'] else 'FAILED'} "
@@ -286,7 +287,7 @@ def grade(job: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from distlab import limits
+    from distlab.grade import limits
 
     job_path, verdict_path = argv
     limits.become_subreaper()

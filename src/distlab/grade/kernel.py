@@ -4,9 +4,9 @@ A plain IPython kernel of this Python (the project's ``.venv``), started by
 :class:`distlab.grade.nbplugins.GradingKernelManager`, that first caps and guards itself
 with what the grader put in ``DISTLAB_GRADE_KERNEL`` (a JSON object):
 
-* resource caps (:func:`distlab.limits.apply`): memory, processes below it, output size;
+* resource caps (:func:`distlab.grade.limits.apply`): memory, processes below it, output size;
   the ranks a student's cell starts inherit the memory and output caps;
-* the guard (:func:`distlab.guard.protect`): no file operation on the solutions, the
+* the guard (:func:`distlab.grade.protect.protect`): no file operation on the solutions, the
   grader's folder (gradebook, other students) or git history (the submission's own folder
   stays usable, except the notebook file, which holds the restored test cells); no process
   started except torchrun for ``distlab.run``, at most a few others.
@@ -34,12 +34,12 @@ def setup_from_environment() -> None:
     if not raw:
         return
     cfg = json.loads(raw)
-    from distlab import guard, limits
+    from distlab.grade import limits, protect
 
     limits.apply(memory_mb=cfg.get("memory_mb"), processes=cfg.get("processes"),
                  output_mb=cfg.get("output_mb"), label="the grading kernel")
-    guard.deny_files(cfg.get("denied_files", []))
-    guard.protect(paths=cfg.get("protected", []), allowed=cfg.get("allowed", []),
+    protect.deny_files(cfg.get("denied_files", []))
+    protect.protect(paths=cfg.get("protected", []), allowed=cfg.get("allowed", []),
                   max_spawns=cfg.get("max_spawns", 4), allow_command=_is_torchrun)
 
 

@@ -32,8 +32,8 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Integer, List, Unicode
 
-from distlab import limits, processes
-from distlab.grade import config
+from distlab.grade import config, limits
+from distlab.runtime import processes
 
 
 def is_test_cell(cell) -> bool:
@@ -61,7 +61,7 @@ class KernelExecute(Execute):
 
     def preprocess(self, nb, resources, km=None):
         self._kernel_died = False
-        limits.become_subreaper()
+        processes.become_subreaper()
         cwd = resources.get("metadata", {}).get("path") or os.getcwd()
         os.environ["DISTLAB_GRADE_KERNEL"] = json.dumps({
             "memory_mb": self.kernel_memory_mb, "processes": self.kernel_processes,
@@ -150,7 +150,7 @@ class CleanRoomTests(NbGraderPreprocessor):
 
     def run_clean_room(self, job: dict, n_tests: int) -> tuple[dict, str | None]:
         """Start the clean-room process; return its verdicts (``{}`` and why, if it failed)."""
-        limits.become_subreaper()
+        processes.become_subreaper()
         budget = n_tests * self.test_timeout_s + 60
         with tempfile.TemporaryDirectory(prefix="distlab-cleanroom-") as room:
             os.chmod(room, 0o700)

@@ -14,7 +14,7 @@ The clean room sends every call to the ranks through :func:`encoded_call`, so th
 travels back is marked plain data (:func:`distlab.grade.safeload.encode`), the only form the
 grader reads.
 
-The rank is already capped (:mod:`distlab.limits`) and guarded (:mod:`distlab.guard`) when
+The rank is already capped (:mod:`distlab.grade.limits`) and guarded (:mod:`distlab.grade.protect`) when
 this runs: whatever the cells do, they do it on the rank, not in the grader.
 """
 

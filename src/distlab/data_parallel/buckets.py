@@ -1,0 +1,80 @@
+"""Bucketed data parallelism: a few large all-reduces instead of one per parameter.
+
+Copy the gradients into a few flat buffers of about ``bucket_mb`` megabytes each
+(:func:`plan_buckets`, :func:`flatten_gradients`) and all-reduce each buffer once: fewer,
+larger messages, each paying the latency once (:func:`bucketed_average`). Still after
+backward, so nothing overlaps yet: compute, then communicate (:mod:`.overlap` does both at once).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+MB = 2**20
+
+
+def plan_buckets(params, bucket_mb: float) -> list[list[torch.nn.Parameter]]:
+    """Group parameters into buckets of at most ``bucket_mb`` megabytes.
+
+    Parameters are taken in *reverse* order of definition, because backward computes the
+    gradients of the last layers first: the first bucket is then the first to be complete.
+    A bucket is closed when the next parameter would overflow it, or has another dtype (one
+    flat buffer holds one dtype). A parameter larger than the cap gets a bucket of its own.
+    Parameters that do not require gradients (frozen) are left out.
+    """
+    cap = bucket_mb * MB
+    buckets: list[list[torch.nn.Parameter]] = []
+    size = 0.0
+    for param in reversed([p for p in params if p.requires_grad]):
+        nbytes = param.numel() * param.element_size()
+        current = buckets[-1] if buckets else None
+        if current is None or size + nbytes > cap or current[0].dtype != param.dtype:
+            buckets.append([param])
+            size = nbytes
+        else:
+            current.append(param)
+            size += nbytes
+    return buckets
+
+
+def flatten_gradients(bucket) -> torch.Tensor:
+    """One flat tensor with the bucket's gradients end to end (zeros where a gradient is None)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+
+
+def unflatten_into_gradients(flat: torch.Tensor, bucket, keep_none: set | None = None) -> None:
+    """Copy consecutive slices of ``flat`` back into each parameter's ``.grad`` (the inverse of
+    :func:`flatten_gradients`). Parameters in ``keep_none`` (by ``id``) keep ``grad = None``."""
+    offset = 0
+    for param in bucket:
+        piece = flat[offset: offset + param.numel()].view_as(param)
+        offset += param.numel()
+        if keep_none and id(param) in keep_none:
+            param.grad = None
+        elif param.grad is None:
+            param.grad = piece.clone()
+        else:
+            param.grad.copy_(piece)
+
+
+def bucketed_average(model: torch.nn.Module, bucket_mb: float = 25.0, buckets=None, tracer=None) -> int:
+    """Average gradients over ranks with one ``all_reduce`` per bucket; returns the bucket count.
+
+    Runs after backward, so nothing overlaps yet: compute, then communicate. ``tracer``
+    (optional) gets one "comm" event per bucket.
+    """
+    world = dist.get_world_size()
+    buckets = buckets if buckets is not None else plan_buckets(model.parameters(), bucket_mb)
+    for index, bucket in enumerate(buckets):
+        unused = {id(p) for p in bucket if p.grad is None}
+        flat = flatten_gradients(bucket)
+        start = time.perf_counter()
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if tracer is not None:
+            tracer.add(f"all-reduce bucket {index}", start, time.perf_counter(), lane="comm", kind="comm")
+        flat /= world
+        unflatten_into_gradients(flat, bucket, keep_none=unused)
+    return len(buckets)

@@ -1,0 +1,272 @@
+"""What the exercise tests assert: values, gradients, bytes on the wire, memory, forbidden APIs.
+
+Every check raises :class:`CheckFailed` (an ``AssertionError``) with a message that says
+what was wrong *about the student's result* (which parameter, which rank, how far off, the
+tolerance) but never prints the reference values themselves: the messages end up in the
+feedback students receive, and hidden tests must stay hidden.
+
+Tolerances, and why they are what they are
+-------------------------------------------
+Floating-point addition is not associative. A sum over ranks computed in another order (a
+ring all-reduce, a tree, a single process adding a full batch) gives a slightly different
+float32 result, never a bitwise-equal one. For a sum of ``n`` float32 terms the rounding
+error is at most about ``(n - 1) * eps * sum(|terms|)`` with ``eps = 2**-24 ≈ 6e-8``. Measured
+on this course's CPUs: data-parallel gradients differ from the single-process full-batch
+gradients by about ``1e-8`` absolute (gradients of order ``1e-2 .. 1``), and are bitwise
+identical run to run at a fixed world size. Hence:
+
+* :data:`VALUE_RTOL`, :data:`VALUE_ATOL_SCALE` for reduced values (a mean over ranks):
+  ``atol = 1e-6 * max|reference|``: with 4 ranks the bound above is ``3 * 6e-8 ≈ 2e-7``
+  relative, so the tolerance leaves a 5x margin, while any real bug (a sum instead of a
+  mean, a missing rank) is off by tens of percent. The bound scales with the *terms*, not
+  the result: where a sum can cancel (random inputs of both signs), pass ``scale=`` the
+  size of the terms to :func:`assert_tensor_close`, or a near-zero result fails spuriously.
+* :data:`GRAD_RTOL`, :data:`GRAD_ATOL_SCALE` for gradients: ``atol = 1e-5 * max|reference|``,
+  about 1000x the measured ``1e-8``: generous for reordering, still 1000x tighter than the
+  error of forgetting to average one parameter or dividing by the wrong world size.
+* After optimizer steps use :func:`optimizer_tolerance`: SGD moves a parameter by
+  ``lr * grad``, so a gradient error ``δ`` becomes a parameter error ``lr * δ`` per step; Adam
+  divides by ``sqrt(v)``, which turns a ``1e-8`` gradient difference on a near-zero gradient
+  into a step difference of up to ``lr`` (measured: ``5e-4`` at ``lr = 1e-2``). So compare
+  gradients tightly, and trajectories with SGD, or with Adam at a tolerance of ``steps * lr``.
+
+Communication and memory are *counted*, not timed: the counts are exact (see
+:mod:`distlab.tools.comm_bytes` for the counting rules), so their default margin is zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from distlab.grade.forbid import ForbiddenError, forbid  # noqa: F401 - part of this module's API
+from distlab.tools.comm_bytes import all_reduce_bytes  # noqa: F401 - part of this module's API
+
+VALUE_RTOL = 1e-6
+VALUE_ATOL_SCALE = 1e-6
+GRAD_RTOL = 1e-5
+GRAD_ATOL_SCALE = 1e-5
+
+_GRADING_SEED = 20240601
+"""The seed hidden tests draw their inputs from. The grader sets a fresh one for every
+submission, outside the student's reach, so values read from a test file on disk are of no
+use; in a student's notebook it stays fixed, so runs are reproducible."""
+
+
+class CheckFailed(AssertionError):
+    """A check failed; the message is safe to show to the student."""
+
+
+def grading_seed() -> int:
+    return _GRADING_SEED
+
+
+def generator(offset: int = 0):
+    """A ``torch.Generator`` seeded from :func:`grading_seed` (plus ``offset``) for test inputs."""
+    import torch
+
+    return torch.Generator().manual_seed(grading_seed() + offset)
+
+
+# -- running the student's function on N ranks --------------------------------------------------
+
+@dataclass
+class RankRun:
+    """What :func:`run_ranks` returns: per-rank results and per-rank communication logs."""
+
+    results: list
+    comm: list = field(default_factory=list)  # per rank: list of {"op", "sent", "received", "group_size"}
+
+
+def _call_on_rank(call: bytes, per_rank_args, forbidden):
+    import torch.distributed as dist
+
+    from distlab.runtime import serialize
+    from distlab.tools import comm
+
+    if forbidden:
+        forbid(*forbidden)
+    # Unpickled only now, after forbid: unpickling looks up every class and function the
+    # student's code refers to, and a lookup made earlier would hand it the real one.
+    fn, args, kwargs = serialize.loads(call)
+    rank = dist.get_rank()
+    call_args = tuple(per_rank_args[rank]) if per_rank_args is not None else args
+    with comm.record() as log:
+        result = fn(*call_args, **kwargs)
+    calls = [{"op": c.op, "sent": int(c.sent), "received": int(c.received),
+              "group_size": int(c.group_size)} for c in log]
+    return result, calls
+
+
+def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout: float = 60,
+              forbidden=()) -> RankRun:
+    """Run ``fn`` on ``nprocs`` ranks, recording every ``torch.distributed`` call it makes.
+
+    ``per_rank_args[r]`` (a tuple) are rank ``r``'s arguments; otherwise every rank gets
+    ``args``. ``forbidden`` names APIs that raise "not allowed in this exercise" while ``fn``
+    runs (see :func:`distlab.grade.forbid.forbid`).
+    """
+    from distlab.runtime import run, serialize
+
+    if per_rank_args is not None and len(per_rank_args) != nprocs:
+        raise ValueError(f"per_rank_args has {len(per_rank_args)} entries for {nprocs} ranks")
+    call = serialize.dumps_call(fn, tuple(args), dict(kwargs or {}))  # unpickled on the rank after forbid
+    pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout)
+    return RankRun(results=[p[0] for p in pairs], comm=[p[1] for p in pairs])
+
+
+# -- values and gradients -------------------------------------------------------------------------
+
+def _as_tensor(value, name):
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise CheckFailed(f"{name} should be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def assert_tensor_close(actual, expected, name: str = "the result", rtol: float = VALUE_RTOL,
+                        atol: float | None = None, atol_scale: float = VALUE_ATOL_SCALE,
+                        scale: float | None = None) -> None:
+    """``actual`` has ``expected``'s shape and dtype and is within tolerance of it.
+
+    ``atol`` defaults to ``atol_scale * max(max|expected|, scale)``. Pass ``scale`` (the largest
+    ``|term|`` that was added up, e.g. ``max |input|`` times the number of ranks) whenever
+    the result is a sum that can cancel: the rounding error of a sum scales with its terms,
+    not with its result (a sum of ``±0.3`` terms that comes to ``0.007`` still carries errors of
+    order ``eps * 0.3``). The message names the worst element, its absolute and relative error
+    and the tolerance.
+    """
+    import torch
+
+    actual = _as_tensor(actual, name)
+    if actual.shape != expected.shape:
+        raise CheckFailed(f"{name} has shape {tuple(actual.shape)}, expected shape {tuple(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        raise CheckFailed(f"{name} has dtype {actual.dtype}, expected {expected.dtype}")
+    if atol is None:
+        largest = expected.abs().max().item() if expected.numel() else 0.0
+        atol = atol_scale * max(largest, scale or 0.0, 1e-12)
+    a, e = actual.detach().double(), expected.detach().double()
+    if not torch.isfinite(a).all():
+        bad = (~torch.isfinite(a)).nonzero()[0].tolist()
+        raise CheckFailed(f"{name} contains NaN or inf (first at index {tuple(bad)})")
+    diff = (a - e).abs()
+    allowed = atol + rtol * e.abs()
+    if (diff > allowed).any():
+        worst = int(torch.argmax(diff - allowed))
+        index = tuple(torch.unravel_index(torch.tensor(worst), tuple(a.shape))) if a.dim() else ()
+        index = tuple(int(i) for i in index)
+        max_abs = diff.max().item()
+        rel = (diff / e.abs().clamp_min(1e-30)).max().item()
+        raise CheckFailed(
+            f"{name} is off: max abs error {max_abs:.3g} (worst at index {index}), max rel error "
+            f"{rel:.3g}; tolerance atol={atol:.3g} + rtol={rtol:.3g} * |expected|")
+
+
+def assert_gradients_match(per_rank: list[dict], reference: dict, rtol: float = GRAD_RTOL,
+                           atol_scale: float = GRAD_ATOL_SCALE, what: str = "gradient") -> None:
+    """Every rank's ``{parameter name: gradient}`` matches the single-process reference.
+
+    ``reference`` comes from the plain single-process model on the full batch. For a sharded
+    parameter, pass the rank's shard and the matching slice of the reference. The message
+    names the parameter, the rank, the max abs and rel error and the tolerance.
+    """
+    for rank, grads in enumerate(per_rank):
+        if not isinstance(grads, dict):
+            raise CheckFailed(f"rank {rank} returned {type(grads).__name__}, expected a dict of {what}s")
+        missing = sorted(set(reference) - set(grads))
+        if missing:
+            raise CheckFailed(f"rank {rank}: no {what} for parameter(s) {', '.join(missing)}")
+        for name in reference:
+            if grads[name] is None:
+                raise CheckFailed(f"rank {rank}: the {what} of parameter `{name}` is None")
+            assert_tensor_close(grads[name], reference[name], name=f"the {what} of `{name}` on rank {rank}",
+                                rtol=rtol, atol_scale=atol_scale)
+
+
+def optimizer_tolerance(optimizer: str, lr: float, steps: int, grad_atol: float = 1e-7) -> float:
+    """Absolute tolerance for parameters after ``steps`` optimizer steps (see the module docstring).
+
+    SGD: each step adds at most ``lr * grad_atol``. Adam/AdamW: each step may differ by up to
+    ``lr`` where a gradient is near zero, so the bound is ``steps * lr``.
+    """
+    optimizer = optimizer.lower()
+    if optimizer == "sgd":
+        return steps * lr * grad_atol + 1e-7
+    if optimizer in ("adam", "adamw"):
+        return steps * lr
+    raise ValueError(f"optimizer must be 'sgd', 'adam' or 'adamw', got {optimizer!r}")
+
+
+def assert_params_match(per_rank: list[dict], reference: dict, atol: float) -> None:
+    """Parameters after training on every rank match the single-process run within ``atol``."""
+    for rank, params in enumerate(per_rank):
+        for name, ref in reference.items():
+            if name not in params:
+                raise CheckFailed(f"rank {rank}: parameter `{name}` missing")
+            assert_tensor_close(params[name], ref, name=f"parameter `{name}` on rank {rank}", rtol=0.0, atol=atol)
+
+
+# -- communication ------------------------------------------------------------------------------
+
+def _calls(log) -> list[dict]:
+    out = []
+    for c in log:
+        if isinstance(c, dict):
+            out.append(c)
+        else:  # a distlab.tools.comm.Call
+            out.append({"op": c.op, "sent": c.sent, "received": c.received, "group_size": c.group_size})
+    return out
+
+
+def assert_comm(per_rank_logs: list, calls: dict | None = None, max_calls: int | None = None,
+                max_bytes_sent: int | None = None, margin: float = 0.0) -> None:
+    """Assert on the distributed calls each rank made (logs from :func:`run_ranks` or :mod:`distlab.tools.comm`).
+
+    Args:
+        calls: exact ``{op: number of calls}`` per rank, e.g. ``{"all_reduce": 1}``.
+        max_calls: at most this many distributed calls per rank, whatever the ops.
+        max_bytes_sent: per rank, at most this many bytes sent (a theory value, e.g. from
+            :func:`all_reduce_bytes`), times ``1 + margin``. Bytes are counted by rule, not
+            measured, so ``margin=0`` is right unless the theory is approximate.
+    """
+    for rank, log in enumerate(per_rank_logs):
+        made = _calls(log)
+        counts: dict[str, int] = {}
+        for c in made:
+            counts[c["op"]] = counts.get(c["op"], 0) + 1
+        seen = ", ".join(f"{op} x{n}" for op, n in counts.items()) or "none"
+        if calls is not None and counts != dict(calls):
+            want = ", ".join(f"{op} x{n}" for op, n in calls.items())
+            raise CheckFailed(f"rank {rank} made these distributed calls: {seen}; the exercise asks for {want}")
+        if max_calls is not None and len(made) > max_calls:
+            raise CheckFailed(f"rank {rank} made {len(made)} distributed calls ({seen}); at most {max_calls} allowed")
+        if max_bytes_sent is not None:
+            sent = sum(c["sent"] for c in made)
+            limit = math.floor(max_bytes_sent * (1 + margin))
+            if sent > limit:
+                raise CheckFailed(f"rank {rank} sent {sent} bytes ({seen}); the most this needs is "
+                                  f"{max_bytes_sent} bytes (margin {margin:.0%})")
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+def assert_memory(per_rank: list[dict], theory: dict, margin: float = 0.0) -> None:
+    """Each rank's counted bytes (:func:`distlab.tools.memory.model_state_bytes`) are at most
+    ``theory[kind] * (1 + margin)`` for every kind given (:func:`distlab.zero.theory.model_state_theory`)."""
+    for rank, counted in enumerate(per_rank):
+        for kind, expected in theory.items():
+            have = counted.get(kind, 0)
+            if have > expected * (1 + margin):
+                raise CheckFailed(f"rank {rank} holds {have} bytes of {kind}; the theory allows {expected} "
+                                  f"bytes (margin {margin:.0%})")
+
+
+def assert_rank_ids(results: list) -> None:
+    """Each rank returned its own id as a plain ``int``."""
+    for rank, value in enumerate(results):
+        if type(value) is not int:  # noqa: E721 - bool and tensors are not ints here
+            raise CheckFailed(f"rank {rank} returned {type(value).__name__}; return a plain int (use int(...))")
+        if value != rank:
+            raise CheckFailed(f"rank {rank} returned {value}, not its own rank id")

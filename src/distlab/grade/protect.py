@@ -1,0 +1,146 @@
+"""Protected files and processes: an audit hook that a student's code cannot remove.
+
+Python calls an audit hook (:pep:`578`, ``sys.addaudithook``) before opening a file, listing a
+directory, starting a process, sending a signal, ... Once added, it cannot be removed from
+Python code. :func:`protect` installs ours, which refuses:
+
+* any file operation under a protected path (the solutions, the gradebook and the other
+  students' folders, the ``.git`` folder that holds every solution ever committed), and on the
+  source of every forbidden module (:data:`distlab.grade.forbid.forbidden_paths`);
+* starting processes beyond ``max_spawns`` (0 on ranks: an exercise never needs one);
+* signals to any process but its own descendants (a rank killing torchrun or the grader).
+
+Limits of the approach, said plainly: this guards Python-level access. Code that loads C
+functions with ``ctypes`` and makes raw system calls gets past an audit hook; that is why
+the grader also runs each rank under resource caps (:mod:`distlab.grade.limits`), and decides
+the verdict in a process the student's code never runs in (:mod:`distlab.grade.cleanroom`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from distlab.grade.forbid import NOT_ALLOWED, forbid, forbidden_paths, raiser, replace_everywhere
+
+_FILE_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir",
+                "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.link", "os.symlink",
+                "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move", "sqlite3.connect",
+                "os.chdir", "glob.glob"}
+_SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                 "os.fork", "os.forkpty", "pty.spawn", "os.startfile"}
+
+_state = {"installed": False, "protected": [], "allowed": [], "spawns_left": None,
+          "allow_command": None, "guard_signals": False, "may_kill_self": True}
+
+
+def _is_descendant(pid: int) -> bool:
+    import psutil
+
+    try:
+        return any(p.pid == os.getpid() for p in psutil.Process(pid).parents())
+    except psutil.Error:
+        return True  # already gone: nothing to protect
+
+
+def _resolve(path) -> str | None:
+    if isinstance(path, int):
+        return None
+    try:
+        path = os.fsdecode(path)
+    except TypeError:
+        return None
+    return os.path.realpath(path)
+
+
+def _is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _check_path(event: str, raw) -> None:
+    path = _resolve(raw)
+    if path is None:
+        return
+    if any(_is_under(path, forbidden) for forbidden in forbidden_paths):
+        raise PermissionError(f"{event} on {raw} {NOT_ALLOWED} (the grader protects this file)")
+    if any(_is_under(path, a) for a in _state["allowed"]):
+        return
+    for root in _state["protected"]:
+        if _is_under(path, root):
+            raise PermissionError(f"{event} on {raw} {NOT_ALLOWED} (the grader protects {root})")
+
+
+def _hook(event: str, args) -> None:
+    if event in _FILE_EVENTS:
+        if event in ("os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.move"):
+            for raw in args[:2]:
+                _check_path(event, raw)
+        elif args:
+            _check_path(event, args[0])
+    elif event in ("os.kill", "os.killpg") and _state["guard_signals"]:
+        pid = args[0]
+        if event == "os.kill" and pid == os.getpid() and _state["may_kill_self"]:
+            return
+        if pid > 0 and _is_descendant(pid):
+            return
+        raise PermissionError(f"sending a signal to process {pid} {NOT_ALLOWED} "
+                              "(only to processes this one started)")
+    elif event in _SPAWN_EVENTS:
+        allow = _state["allow_command"]
+        if allow is not None and event == "subprocess.Popen" and allow(args):
+            return
+        left = _state["spawns_left"]
+        if left is None:
+            return
+        if left <= 0:
+            raise PermissionError(f"starting a process ({event}) {NOT_ALLOWED}")
+        _state["spawns_left"] = left - 1
+
+
+def deny_files(paths) -> None:
+    """Files no file operation may touch, even inside an allowed folder."""
+    forbidden_paths.update(os.path.realpath(p) for p in paths)
+
+
+def protect(paths=(), allowed=(), max_spawns: int | None = None, forbidden=(),
+            allow_command=None, guard_signals: bool = True, may_kill_self: bool = True) -> None:
+    """Install the guard in this process (once; later calls add to it, never remove).
+
+    Args:
+        paths: files or folders no file operation may touch.
+        allowed: folders inside those that stay allowed (e.g. the notebook's own folder).
+        max_spawns: how many processes this process may start (``None``: no limit).
+        forbidden: API names for :func:`forbid`.
+        allow_command: optional ``f(popen_args) -> bool``; spawns it accepts are not counted.
+        guard_signals: refuse ``os.kill``/``os.killpg`` aimed at anything but this process's
+            own descendants (a rank must not kill torchrun, the grader, other students...).
+        may_kill_self: whether ``os.kill(os.getpid(), ...)`` stays allowed.
+    """
+    _state["guard_signals"] = _state["guard_signals"] or guard_signals
+    _state["may_kill_self"] = _state["may_kill_self"] and may_kill_self
+    _state["protected"] += [os.path.realpath(p) for p in paths]
+    _state["allowed"] += [os.path.realpath(p) for p in allowed]
+    if max_spawns is not None:
+        left = _state["spawns_left"]
+        _state["spawns_left"] = max_spawns if left is None else min(left, max_spawns)
+    if allow_command is not None:
+        _state["allow_command"] = allow_command
+    if forbidden:
+        forbid(*forbidden)
+    if not _state["installed"]:
+        sys.addaudithook(_hook)
+        _state["installed"] = True
+
+
+def protect_rank(paths=(), max_spawns: int = 0, forbidden=(), no_nested_runs: bool = True) -> None:
+    """The guard of a graded rank (for ``rank_setup(..., when="call")``): JSON arguments only.
+
+    Besides :func:`protect`, ``distlab.run`` is disabled on the rank, under every name that
+    reaches it: a rank must not start ranks of its own (a student's "try it" line left in an
+    answer cell fails clearly instead).
+    """
+    if no_nested_runs:
+        from distlab.runtime import run
+
+        replace_everywhere({id(run.run): raiser("distlab.run on a rank", " (call it from the notebook, not inside a rank)")})
+    protect(paths=paths, max_spawns=max_spawns, forbidden=forbidden, may_kill_self=False)

@@ -1,0 +1,122 @@
+"""The shell that starts ranks on a cluster: the ``srun`` line and the batch job script.
+
+Both are built from the same pieces, so what ``distlab.run(..., launcher="sbatch")`` submits
+and what ``distlab-slurm script -- train.py`` prints for your own
+training script are the same recipe: the environment of every node, the rendezvous on the
+first node, one torchrun per node.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from distlab.runtime.launchers.slurm.config import SlurmConfig
+
+OFFLINE_VARIABLES = {
+    "HF_HUB_OFFLINE": "1",          # huggingface_hub: never try to download
+    "HF_DATASETS_OFFLINE": "1",     # datasets: use the local cache only
+    "TRANSFORMERS_OFFLINE": "1",    # transformers (older releases read this one)
+    "HF_EVALUATE_OFFLINE": "1",     # evaluate
+    "WANDB_MODE": "offline",        # Weights & Biases: log locally, `wandb sync` later
+}
+"""Compute nodes have no internet: libraries that would download must use their caches."""
+
+def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoint: str,
+                          rdzv_id: str, target: list[str], extra: list[str] = ()) -> str:
+    """The shell line that ``srun`` runs once on every node: torchrun, joining the rendezvous.
+
+    ``nnodes``, ``endpoint`` and ``rdzv_id`` may be shell variables (``"$SLURM_NNODES"``):
+    they are expanded on the node. ``is_host`` is 1 on the step's first node only.
+    """
+    args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", *extra]
+    parts = [f"exec {shlex.quote(python)} -m torch.distributed.run"]
+    parts += [a if "$" in a else shlex.quote(a) for a in args]
+    parts += ["--rdzv-conf=is_host=$(( SLURM_NODEID == 0 ))", shlex.join(target)]
+    return "\n" + " \\\n    ".join(parts)  # one option per line: readable in a job script
+
+
+def srun_command(nodes: list[str], step_name: str, shell_line: str, cpus: int | None = None) -> list[str]:
+    """``srun``: one task per node, on exactly these nodes, running ``shell_line``."""
+    cmd = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+           f"--nodelist={','.join(nodes)}", f"--job-name={step_name}",
+           "--kill-on-bad-exit=1",  # a node whose torchrun fails takes the step down with it
+           "--overlap"]             # share the allocation with the step the notebook may run in
+    if cpus:
+        cmd.append(f"--cpus-per-task={cpus}")
+    return cmd + ["bash", "-c", shell_line]
+
+
+def environment_lines(config: SlurmConfig, exports: dict[str, str] | None = None) -> list[str]:
+    """Shell lines that prepare a compute node: modules, the course environment, offline mode."""
+    lines = []
+    if config.modules:
+        lines.append("module load " + " ".join(shlex.quote(m) for m in config.modules))
+    if config.activate:
+        lines.extend(config.activate.strip().splitlines())
+    if config.offline:
+        lines.append("# Compute nodes have no internet: use the caches filled on a login node.")
+        lines.extend(f"export {k}={v}" for k, v in OFFLINE_VARIABLES.items())
+    for key, value in (exports or {}).items():
+        lines.append(f"export {key}={shlex.quote(value)}")
+    return lines
+
+
+def job_script(config: SlurmConfig, *, nodes: int, nproc_per_node: int,
+               target: list[str], job_name: str, time_limit: str, output: str,
+               exports: dict[str, str] | None = None, torchrun_extra: list[str] = ()) -> str:
+    """A complete sbatch script: ``#SBATCH`` options, environment, rendezvous, srun + torchrun.
+
+    ``target`` is what torchrun runs on every rank: ``["train.py", "--epochs", "3"]``, or
+    ``["--module", "distlab.runtime.worker", RUNDIR]`` for ``distlab.run``.
+    """
+    sbatch = [f"--job-name={job_name}", f"--nodes={nodes}",
+              "--ntasks-per-node=1  # one torchrun per node; it starts the node's ranks",
+              f"--time={time_limit}", f"--output={output}"]
+    if config.cpus_per_task:
+        sbatch.append(f"--cpus-per-task={config.cpus_per_task}")
+    if config.gpus_per_node:
+        sbatch.append(f"--gres=gpu:{config.gpus_per_node}")
+    if config.account:
+        sbatch.append(f"--account={config.account}")
+    if config.partition:
+        sbatch.append(f"--partition={config.partition}")
+    sbatch += list(config.sbatch_options)
+    python = config.python_on_nodes
+    probe = "import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])"
+    torchrun = torchrun_on_each_node(python, "$SLURM_NNODES", nproc_per_node,
+                                     "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID", target,
+                                     ["--max-restarts=0", *torchrun_extra])
+    lines = ["#!/bin/bash", "# Written by distlab. Submit it with: sbatch <this file>"]
+    lines += [f"#SBATCH {option}" for option in sbatch]
+    lines += ["", "# 1. The software environment of every node.", *environment_lines(config, exports)]
+    lines += [
+        "",
+        "# 2. Where the ranks meet: the first node of the allocation"
+        + (f", reached through the fast network (suffix {config.hostname_suffix!r})." if config.hostname_suffix else "."),
+        f'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1){config.hostname_suffix}"',
+        "# A port that is free on the first node (this script runs there).",
+        f"MASTER_PORT=\"$({shlex.quote(python)} -c '{probe}')\"",
+        "export MASTER_ADDR MASTER_PORT",
+    ]
+    if config.cpus_per_task:
+        lines += ["# Since Slurm 22.05 srun does not inherit --cpus-per-task from the job by itself.",
+                  'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"']
+    lines += [
+        'echo "distlab: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) ($SLURM_JOB_NODELIST), '
+        f'{nproc_per_node} rank(s) per node, rendezvous at $MASTER_ADDR:$MASTER_PORT"',
+        "",
+        "# 3. One torchrun per node (srun), each starting its node's ranks.",
+        "srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c " + shlex.quote(torchrun),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def minutes_for(timeout: float) -> str:
+    """A batch job's ``--time`` for a run with this timeout: whole minutes, two to spare.
+
+    The run's ``timeout`` starts once every rank has joined the process group; the spare
+    minutes are for starting (Python and torch imported on every rank) and for leaving.
+    """
+    return str(int(-(-timeout // 60)) + 2)

@@ -1,0 +1,146 @@
+"""``launcher="srun"``: the ranks as a new job step of the allocation we are in.
+
+What ``"auto"`` picks inside an allocation: a notebook server started by JupyterHub as a Slurm
+job, a shell from ``salloc``, a batch script. ``srun`` runs here (so Ctrl-C and the notebook's
+death reach it as they reach torchrun on a laptop); it starts one torchrun on each node of
+the step, and those start the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from distlab.runtime import processes
+from distlab.runtime import rundir as files
+from distlab.runtime.launchers.slurm import config as slurm_config
+from distlab.runtime.launchers.slurm.commands import (
+    SlurmJobError,
+    cpus_per_node,
+    node_names,
+    pick_port,
+    ranks_per_node,
+    rendezvous_host,
+    slurm_command,
+)
+from distlab.runtime.launchers.slurm.remote import (
+    END_GRACE_SECONDS,
+    POLL_SECONDS,
+    explain_end,
+    remove_run_dir,
+    shared_run_dir,
+    state_from_step_log,
+)
+from distlab.runtime.launchers.slurm.script import srun_command, torchrun_on_each_node
+from distlab.runtime.launchers.torchrun import WORKER, agent_environment
+from distlab.runtime.watcher import Watcher
+
+
+class SrunJob:
+    """``srun`` + one torchrun per node, as a job step of the allocation we are in."""
+
+    def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int | None,
+                 pool: bool = False):
+        self.config = slurm_config.load()
+        self.nprocs, self.timeout, self.pool = nprocs, timeout, pool
+        self.job_id = os.environ.get("SLURM_JOB_ID")
+        if not self.job_id:
+            raise ValueError("launcher='srun' needs a Slurm allocation (salloc, or a notebook started "
+                             "as a Slurm job); from a login node use launcher='sbatch'")
+        hosts = node_names(os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", ""))
+        self.hosts = hosts[:min(len(hosts), nprocs)]  # 2 ranks in a 4-node allocation: 2 nodes
+        self.nproc_per_node = ranks_per_node(nprocs, len(self.hosts))
+        self.endpoint = f"{rendezvous_host(self.hosts[0], self.config.hostname_suffix)}:{pick_port(self.hosts[0])}"
+        self.cpus = cpus_per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+        self.run_dir = self.shared_dir = shared_run_dir(run_dir, self.config)
+        self.step_name = f"distlab-{self.shared_dir.name}"
+        self.agent_log = open(self.shared_dir / files.AGENT_LOG, "wb")
+        self.agent = subprocess.Popen(
+            self.command(), env=agent_environment(self.shared_dir, backend, threads), cwd=os.getcwd(),
+            stdin=subprocess.DEVNULL, stdout=self.agent_log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=processes.leash)
+        # The ranks run on the allocation's nodes: only srun itself is a process of ours here.
+        self.watcher = Watcher(self.shared_dir, nprocs, self.agent, self._explain_end,
+                               agent_pid=self.agent.pid, poll_seconds=POLL_SECONDS)
+
+    def command(self) -> list[str]:
+        """``srun [one task per node] bash -c 'exec python -m torch.distributed.run ...'``."""
+        target = ["--max-restarts=0", "--monitor-interval=0.05", "--module", WORKER, str(self.shared_dir)]
+        python = self.config.python or sys.executable   # the notebook runs inside the allocation
+        line = torchrun_on_each_node(python, str(len(self.hosts)), self.nproc_per_node, self.endpoint,
+                                     self.step_name, target + (["--pool"] if self.pool else []))
+        return srun_command(self.hosts, self.step_name, line, self.cpus)
+
+    def wait(self, call_dir: Path | None = None, timeout: float | None = None) -> list:
+        """Watch the call. A :class:`~distlab.Pool` writes each call into its own folder on this
+        machine: the call moves to the shared directory first."""
+        __tracebackhide__ = True  # noqa: F841
+        if call_dir is not None and Path(call_dir).parent != self.shared_dir:
+            call_dir = self._share_call(Path(call_dir))
+        return self.watcher.wait(self.timeout if timeout is None else timeout, call_dir)
+
+    def wait_until_ready(self, timeout: float) -> None:
+        self.watcher.wait_until_ready(timeout)
+
+    def _share_call(self, local: Path) -> Path:
+        shared = self.shared_dir / local.name
+        shared.mkdir()
+        shutil.copy2(local / files.PAYLOAD, shared / files.PAYLOAD)
+        # The options file tells the waiting ranks to go: it comes last, in one piece.
+        files.write_atomically(shared / files.OPTIONS, (local / files.OPTIONS).read_bytes())
+        return shared
+
+    def _explain_end(self, dead: list[int]) -> Exception:
+        """srun exited before every rank delivered: say why, from its output."""
+        try:  # the last lines may still be on their way
+            self.agent.wait(timeout=END_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(END_GRACE_SECONDS if self.agent.returncode == 0 else 0.2)
+        self.watcher.echo.pump()
+        log = (self.shared_dir / files.AGENT_LOG).read_text(errors="replace")
+        state = state_from_step_log(log)
+        what = f"the srun step {self.step_name!r} of job {self.job_id}"
+        if state is None:
+            what += f" (srun exit code {self.agent.returncode})"
+        return explain_end(self.watcher, what, state, log, "srun's output", self.job_id)
+
+    def stop(self, gracefully: bool | None = None) -> None:
+        """Cancel our step in Slurm (the ranks on every node) unless it ended well, then end srun."""
+        graceful = self.watcher.succeeded if gracefully is None else gracefully
+        try:
+            if graceful:
+                if self.pool:  # idle pool ranks leave when they see this file
+                    files.write_atomically(self.shared_dir / files.STOP, b"")
+                try:
+                    self.agent.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                self._cancel_step()
+            self.watcher.end()
+            try:
+                self.agent.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self.agent_log.close()
+        finally:
+            remove_run_dir(self.shared_dir, self.watcher.succeeded)
+
+    def _cancel_step(self) -> None:
+        try:
+            out = slurm_command(["squeue", "--steps", f"--jobs={self.job_id}", "--noheader",
+                                 "--format=%i %j"], timeout=10)
+        except SlurmJobError:
+            return  # srun's own end (below) still ends the step
+        for line in out.stdout.splitlines():
+            step_id, _, name = line.strip().partition(" ")
+            if name == self.step_name:
+                try:
+                    slurm_command(["scancel", "--quiet", step_id], timeout=10)
+                except SlurmJobError:
+                    pass

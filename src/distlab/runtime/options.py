@@ -1,0 +1,90 @@
+"""What every run is asked to do, checked once and written once, whoever starts the ranks.
+
+A run (:func:`distlab.run`) and a warm pool's call (:meth:`distlab.Pool.run`) go through the
+same three steps here before any launcher is involved:
+
+1. :func:`check_arguments`: a bad ``nprocs``, ``timeout``, ``backend`` or ``threads`` fails at
+   once, with a message, before a single process starts.
+2. :func:`rank_setup` blocks collect *setup steps*: functions every rank runs when it starts
+   (resource caps) or just before the call (the grader's guard). They travel as names and
+   JSON arguments, so the rank imports and runs them itself.
+3. :func:`write_options` writes ``options.json`` into the run (or call) folder: the caller's
+   import path, the seed and the setup steps. The rank reads it before it unpickles the
+   function, because unpickling needs the import path and the guard must be in first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import sys
+from pathlib import Path
+
+from distlab.runtime import rundir
+
+MAX_NPROCS = 64
+"""The most ranks one local run may start (8 processes on 2 cores already crawl)."""
+
+BACKENDS = (None, "auto", "gloo", "nccl")
+
+_rank_setup: contextvars.ContextVar[tuple] = contextvars.ContextVar("distlab_rank_setup", default=())
+
+
+def check_arguments(fn, nprocs, timeout, backend, threads) -> None:
+    """Raise ``TypeError``/``ValueError`` for arguments no launcher could honour."""
+    if not callable(fn):
+        raise TypeError(f"distlab.run needs a function to call, got {type(fn).__name__} {fn!r}")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int):
+        raise TypeError(f"nprocs must be an integer, got {nprocs!r}")
+    if not 1 <= nprocs <= MAX_NPROCS:
+        raise ValueError(f"nprocs must be between 1 and {MAX_NPROCS}, got {nprocs}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of None, 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < nprocs:
+            raise ValueError(
+                f"backend='nccl' needs one GPU per rank: {nprocs} ranks asked for, {gpus} GPU(s) "
+                "visible here. Use backend=None (gloo on the CPU) or fewer ranks.")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+
+
+@contextlib.contextmanager
+def rank_setup(module: str, function: str, when: str = "call", **kwargs):
+    """Run ``module.function(**kwargs)`` on every rank of the runs started inside this block.
+
+    ``when="start"`` runs it first thing in the rank (before torch is imported: resource
+    limits); ``when="call"`` runs it just before the user's function (after the process group
+    and the call recorder exist: e.g. disabling APIs an exercise forbids). The grader uses
+    this; the arguments must be JSON-serialisable.
+    """
+    if when not in ("start", "call"):
+        raise ValueError(f"when must be 'start' or 'call', got {when!r}")
+    step = {"module": module, "function": function, "when": when, "kwargs": kwargs}
+    token = _rank_setup.set(_rank_setup.get() + (step,))
+    try:
+        yield
+    finally:
+        _rank_setup.reset(token)
+
+
+def current_rank_setup(when: str | None = None) -> list[dict]:
+    """The setup steps of the enclosing :func:`rank_setup` blocks, outermost first (only ``when``'s, if given)."""
+    return [step for step in _rank_setup.get() if when is None or step["when"] == when]
+
+
+def write_options(folder: Path, seed: int, setup: list[dict]) -> None:
+    """Write ``options.json`` (import path, seed, setup steps) into a run or call folder.
+
+    Written in one piece (:func:`~distlab.runtime.rundir.write_atomically`): in a pool's call
+    folder this file is the "go" signal the waiting ranks look for, so it comes last.
+    """
+    options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": seed, "setup": setup}
+    rundir.write_atomically(Path(folder) / rundir.OPTIONS, json.dumps(options).encode())
