@@ -8,15 +8,15 @@ over every folder of solutions/, this one included.
 from __future__ import annotations
 
 import pytest
+from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 import distlab
-from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 SLUG = "01-data-loading"
 
 
 def try_the_forbidden(forbidden):
-    from distlab.guard import forbid
+    from distlab.grade.forbid import forbid
 
     forbid(*forbidden)
     import torch.utils.data

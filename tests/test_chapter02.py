@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist
+from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 import distlab
-from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 SLUG = "02-collectives"
 
 
 def try_every_road(forbidden):
-    from distlab.guard import forbid
+    from distlab.grade.forbid import forbid
 
     forbid(*forbidden)
     group = dist.distributed_c10d._get_default_group()

@@ -6,41 +6,41 @@ bound) run for every assignment in tests/test_grading.py; here are the chapter's
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
+from grading_support import (
+    assert_tasks_graded_on_2_and_4_ranks,
+    forbidden_list,
+    grade_cells,
+    grade_one_student,
+    solution_answers,
+    try_each,
+)
 
 import distlab
-from grading_support import (assert_tasks_graded_on_2_and_4_ranks, forbidden_list, grade_cells, grade_one_student,
-                             solution_answers, try_each)
 
 SLUG = "03-ddp"
 
 
-def test_every_public_function_of_distlab_ddp_and_torch_ddp_are_forbidden():
-    from distlab import ddp
-
-    public = {name for name, obj in vars(ddp).items()
-              if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
-              and obj.__module__ == "distlab.ddp"}
-    forbidden = set(forbidden_list(SLUG))
-    assert "torch.nn.parallel.DistributedDataParallel" in forbidden
-    missing = {name for name in public if f"distlab.ddp.{name}" not in forbidden}
-    assert not missing, f"add to the exercise's forbidden list: {sorted(missing)}"
-    setup = grade_cells(SLUG)["setup"]
-    assert "FORBIDDEN" in setup and all(name in setup for name in public)
+def test_the_reference_package_and_torch_ddp_are_forbidden():
+    assert set(forbidden_list(SLUG)) == {"torch.nn.parallel.DistributedDataParallel", "distlab.data_parallel"}
+    assert "FORBIDDEN" in grade_cells(SLUG)["setup"]
 
 
 def try_forbidden(forbidden):
     import torch
 
-    from distlab.guard import forbid
+    from distlab.grade.forbid import forbid
 
     forbid(*forbidden)
     verdicts = try_each({
         "torch DDP": lambda: torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)),
-        "distlab.ddp.OverlappedDDP": lambda: __import__("distlab.ddp").ddp.OverlappedDDP(torch.nn.Linear(2, 2)),
-        "distlab.ddp.average_gradients": lambda: __import__("distlab.ddp").ddp.average_gradients(torch.nn.Linear(2, 2)),
+        "OverlappedDDP": lambda: __import__("distlab.data_parallel.overlap", fromlist=["x"]).OverlappedDDP(
+            torch.nn.Linear(2, 2)),
+        "average_gradients": lambda: __import__("distlab.data_parallel.naive", fromlist=["x"]).average_gradients(
+            torch.nn.Linear(2, 2)),
+        "plan_buckets": lambda: __import__("distlab.data_parallel.buckets", fromlist=["x"]).plan_buckets([], 1),
+        "held by ZeRO's code": lambda: __import__("distlab.zero.stages", fromlist=["x"]).bucketed_average(
+            torch.nn.Linear(2, 2)),
     })
     # and an optimizer still works (creating one imports torch._dynamo, which inspects modules)
     model = torch.nn.Linear(2, 2)

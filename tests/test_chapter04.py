@@ -7,12 +7,16 @@ the chapter's own.
 
 from __future__ import annotations
 
-
 import pytest
+from grading_support import (
+    assert_tasks_graded_on_2_and_4_ranks,
+    forbidden_list,
+    grade_one_student,
+    solution_answers,
+    try_each,
+)
 
 import distlab
-from grading_support import (assert_tasks_graded_on_2_and_4_ranks, forbidden_list, grade_one_student,
-                             solution_answers, try_each)
 
 SLUG = "04-zero-fsdp"
 
@@ -26,12 +30,14 @@ def test_the_reference_and_torchs_fsdp_and_zero_are_forbidden_in_metadata_and_se
 def try_forbidden(forbidden):
     import torch
 
-    from distlab.guard import forbid
+    from distlab.grade.forbid import forbid
 
     forbid(*forbidden)
     verdicts = try_each({
-        "distlab.zero.ZeRO1": lambda: __import__("distlab.zero").zero.ZeRO1(torch.nn.Linear(2, 2)),
-        "import distlab.zero": lambda: __import__("importlib").import_module("distlab.zero").make(3, None),
+        "distlab.zero": lambda: __import__("distlab.zero").zero.flat,
+        "import a module of distlab.zero": lambda: __import__("importlib").import_module("distlab.zero.flat").FlatUnit,
+        "the formulas, held by chapter 7's planner": lambda: __import__(
+            "importlib").import_module("distlab.parallel3d.planner").model_state_theory(10, 2, 1),
         "fully_shard": lambda: __import__("torch.distributed.fsdp").distributed.fsdp.fully_shard(torch.nn.Linear(2, 2)),
         "fully_shard (defining module)": lambda: __import__(
             "torch.distributed.fsdp._fully_shard._fully_shard", fromlist=["x"]).fully_shard(torch.nn.Linear(2, 2)),

@@ -28,19 +28,23 @@ student's Python code makes comes from a torch function or tensor method anyway.
 
 from __future__ import annotations
 
-
 import pytest
+from grading_support import (
+    assert_tasks_graded_on_2_and_4_ranks,
+    forbidden_list,
+    grade_one_student,
+    solution_answers,
+    try_each,
+)
 
 import distlab
-from grading_support import (assert_tasks_graded_on_2_and_4_ranks, forbidden_list, grade_one_student,
-                             solution_answers, try_each)
 
 SLUG = "05-tensor-parallel"
 
 
-def test_the_references_dtensor_tp_and_differentiable_collectives_are_forbidden_in_metadata_and_setup():
+def test_the_reference_package_dtensor_tp_and_differentiable_collectives_are_forbidden_in_metadata_and_setup():
     forbidden = set(forbidden_list(SLUG))
-    assert {"distlab.tensor_parallel", "distlab.dtensor_tp", "torch.distributed.tensor.parallel",
+    assert {"distlab.tensor_parallel", "torch.distributed.tensor.parallel",
             "torch.distributed.tensor.DTensor", "torch.distributed.tensor.distribute_tensor",
             "torch.distributed.nn.functional.all_reduce", "torch.distributed.nn.functional._AllReduce"} <= forbidden
 
@@ -52,19 +56,22 @@ def try_forbidden(forbidden):
     import torch.distributed as dist
     from torch.overrides import TorchFunctionMode
 
-    from distlab import comm, isolation, models
-    from distlab.guard import forbid
+    from distlab import models
+    from distlab.grade.forbid import forbid
+    from distlab.runtime import isolation
+    from distlab.tools import comm
 
-    isolation.preload()    # as on the grader's warm ranks: distlab.parallel3d holds distlab.tensor_parallel
+    isolation.preload()    # as on the grader's warm ranks: distlab.parallel3d holds tensor_parallel's functions
     forbid(*forbidden)
     mod = importlib.import_module
     linear = torch.nn.Linear(4, 4)
     verdicts = try_each({
-        "distlab.tensor_parallel": lambda: __import__("distlab.tensor_parallel").tensor_parallel.ColumnParallelLinear(4, 4),
-        "import distlab.tensor_parallel": lambda: mod("distlab.tensor_parallel").copy_to_parallel_region,
-        "distlab.dtensor_tp": lambda: mod("distlab.dtensor_tp").parallelize,
-        "distlab.tensor_parallel through distlab.parallel3d": lambda: mod(
-            "distlab.parallel3d").tensor_parallel.ColumnParallelLinear(4, 4),
+        "distlab.tensor_parallel": lambda: __import__("distlab.tensor_parallel").tensor_parallel.layers,
+        "import distlab.tensor_parallel.layers": lambda: mod("distlab.tensor_parallel.layers").ColumnParallelLinear(4, 4),
+        "import distlab.tensor_parallel.regions": lambda: mod("distlab.tensor_parallel.regions").copy_to_parallel_region,
+        "distlab.tensor_parallel.dtensor": lambda: mod("distlab.tensor_parallel.dtensor").parallelize,
+        "parallelize_gpt through distlab.parallel3d.train": lambda: mod("distlab.parallel3d.train").parallelize_gpt(None),
+        "shard_like through distlab.parallel3d.train": lambda: mod("distlab.parallel3d.train").shard_like(None, {}),
         "parallelize_module": lambda: mod("torch.distributed.tensor.parallel").parallelize_module(linear, None, {}),
         "ColwiseParallel": lambda: mod("torch.distributed.tensor.parallel").ColwiseParallel(),
         "RowwiseParallel (defining module)": lambda: mod("torch.distributed.tensor.parallel.style").RowwiseParallel(),

@@ -4,8 +4,8 @@ The general gates (release equals notebooks/, no solution in the release, soluti
 blank release zero, time bound) run for every assignment in tests/test_grading.py; here are
 the chapter's own.
 
-The exercise forbids ``distlab.pipeline`` and ``distlab.parallel3d`` (which holds a reference to
-it: ``distlab.parallel3d.pipeline.Executor`` would be the reference under another name) and
+The exercise forbids ``distlab.pipeline_parallel`` and ``distlab.parallel3d`` (which holds a reference to
+it: ``distlab.parallel3d.train.run_step`` would be the reference under another name) and
 ``torch.distributed.pipelining``; the test below checks that each road raises while what the
 exercise is built from (point-to-point messages, autograd through a received tensor, a MAX
 all-reduce in float64, SGD and AdamW) still works, twice on one warm pool, as in the grader.
@@ -31,17 +31,23 @@ from __future__ import annotations
 import time
 
 import pytest
+from grading_support import (
+    assert_tasks_graded_on_2_and_4_ranks,
+    forbidden_list,
+    grade_cells,
+    grade_one_student,
+    solution_answers,
+    try_each,
+)
 
 import distlab
-from grading_support import (assert_tasks_graded_on_2_and_4_ranks, forbidden_list, grade_cells, grade_one_student,
-                             solution_answers, try_each)
 
 SLUG = "06-pipeline"
 
 
 def test_the_references_and_torchs_pipelining_are_forbidden_in_metadata_and_setup():
     forbidden = set(forbidden_list(SLUG))
-    assert {"distlab.pipeline", "distlab.parallel3d", "torch.distributed.pipelining"} <= forbidden
+    assert {"distlab.pipeline_parallel", "distlab.parallel3d", "torch.distributed.pipelining"} <= forbidden
 
 
 def try_forbidden(forbidden):
@@ -50,16 +56,19 @@ def try_forbidden(forbidden):
     import torch
     import torch.distributed as dist
 
-    from distlab import comm, models
-    from distlab.guard import forbid
+    from distlab import models
+    from distlab.grade.forbid import forbid
+    from distlab.tools import comm
 
     forbid(*forbidden)
     mod = importlib.import_module
     verdicts = try_each({
-        "distlab.pipeline": lambda: __import__("distlab.pipeline").pipeline.gpipe(2, 4),
-        "import distlab.pipeline": lambda: mod("distlab.pipeline").Executor,
-        "from distlab import pipeline": lambda: __import__("distlab", fromlist=["pipeline"]).pipeline.one_f_one_b(2, 4),
-        "distlab.parallel3d": lambda: mod("distlab.parallel3d").pipeline,
+        "distlab.pipeline_parallel": lambda: __import__("distlab.pipeline_parallel").pipeline_parallel.schedules,
+        "import a module of it": lambda: mod("distlab.pipeline_parallel.executor").Executor,
+        "from distlab.pipeline_parallel import schedules": lambda: __import__(
+            "distlab.pipeline_parallel", fromlist=["schedules"]).schedules.one_f_one_b(2, 4),
+        "distlab.parallel3d": lambda: mod("distlab.parallel3d").train,
+        "what chapter 7's code imported by name": lambda: mod("distlab.parallel3d.train").run_step,
         "ScheduleGPipe": lambda: mod("torch.distributed.pipelining").ScheduleGPipe,
         "Schedule1F1B (defining module)": lambda: mod("torch.distributed.pipelining.schedules").Schedule1F1B,
         "PipelineStage": lambda: mod("torch.distributed.pipelining").PipelineStage(torch.nn.Linear(2, 2), 0, 2,
@@ -153,7 +162,8 @@ BLOCKING_SENDS = (  # the solution's two isends, as blocking sends
 
 
 def test_gpipe_submitted_as_1f1b_fails_and_blocking_sends_deadlock_into_a_timeout():
-    from distlab import DistTimeout, checks
+    from distlab import DistTimeout
+    from distlab.grade import checks
 
     task1 = grade_cells(SLUG)["task1-answer"]
     for old, new in BLOCKING_SENDS:

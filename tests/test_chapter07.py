@@ -7,7 +7,7 @@ the chapter's own.
 ``DeviceMesh`` and ``init_device_mesh`` are forbidden where torch defines them
 (``torch.distributed.device_mesh``) *and* where ``torch.distributed`` exports them: the warm
 ranks put every attribute of ``torch.distributed`` back between two calls
-(:mod:`distlab.isolation`), while the defining module keeps its stand-in; forbidding only the
+(:mod:`distlab.runtime.isolation`), while the defining module keeps its stand-in; forbidding only the
 defining module's names would leave ``dist.init_device_mesh`` usable from the second call of a
 pool on. The test below makes two calls on one warm pool.
 
@@ -35,18 +35,22 @@ blank release 18-32 s and 29 s of CPU; the slow test below about 80 s.
 
 from __future__ import annotations
 
-
 import pytest
-
-from grading_support import (assert_tasks_graded_on_2_and_4_ranks, forbidden_list, grade_cells, grade_one_student,
-                             solution_answers, try_each)
+from grading_support import (
+    assert_tasks_graded_on_2_and_4_ranks,
+    forbidden_list,
+    grade_cells,
+    grade_one_student,
+    solution_answers,
+    try_each,
+)
 
 SLUG = "07-3d-parallelism"
 
 
-def test_the_references_and_device_mesh_are_forbidden_in_metadata_and_setup():
+def test_the_reference_package_and_device_mesh_are_forbidden_in_metadata_and_setup():
     forbidden = set(forbidden_list(SLUG))
-    assert {"distlab.mesh", "distlab.parallel3d", "distlab.layout",
+    assert {"distlab.parallel3d",
             "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.device_mesh.DeviceMesh",
             "torch.distributed.init_device_mesh", "torch.distributed.DeviceMesh",
             "torch.distributed.tensor.init_device_mesh", "torch.distributed.tensor.DeviceMesh"} <= forbidden
@@ -62,15 +66,19 @@ def try_forbidden(seed):
     import torch
     import torch.distributed as dist
 
-    from distlab import comm, models, tensor_parallel
+    from distlab import models
+    from distlab.tensor_parallel import model as tp_model
+    from distlab.tools import comm
 
     mod = importlib.import_module
     verdicts = try_each({
-        "distlab.mesh.Grid": lambda: __import__("distlab.mesh").mesh.Grid(dp=2),
-        "import distlab.mesh": lambda: mod("distlab.mesh").grid_for(4, tp=2),
-        "from distlab.mesh import ProcessGrid": lambda: exec("from distlab.mesh import ProcessGrid"),
-        "distlab.parallel3d": lambda: mod("distlab.parallel3d").average_gradients,
-        "distlab.layout": lambda: mod("distlab.layout").model_state_bytes(10, 2, 1),
+        "distlab.parallel3d.mesh.Grid": lambda: __import__("distlab.parallel3d.mesh").parallel3d.mesh.Grid(dp=2),
+        "import distlab.parallel3d.mesh": lambda: mod("distlab.parallel3d.mesh").grid_for(4, tp=2),
+        "from distlab.parallel3d.mesh import ProcessGrid": lambda: exec("from distlab.parallel3d.mesh import ProcessGrid"),
+        "distlab.parallel3d": lambda: mod("distlab.parallel3d").train,
+        "distlab.parallel3d.train": lambda: mod("distlab.parallel3d.train").average_gradients,
+        "distlab.parallel3d.planner": lambda: mod("distlab.parallel3d.planner").estimate,
+        "distlab.parallel3d.recommend": lambda: mod("distlab.parallel3d.recommend").recommend,
         "init_device_mesh": lambda: mod("torch.distributed.device_mesh").init_device_mesh("cpu", (2,)),
         "dist.init_device_mesh": lambda: dist.init_device_mesh("cpu", (2,)),
         "DeviceMesh": lambda: mod("torch.distributed.device_mesh").DeviceMesh("cpu", [0, 1]),
@@ -92,9 +100,9 @@ def try_forbidden(seed):
                 mine[axis] = group
     ids = torch.tensor([rank])
     dist.all_reduce(ids, group=mine["tp"])
-    model = tensor_parallel.parallelize_gpt(models.build("gpt", seed=seed), group=mine["tp"])
+    model = tp_model.parallelize_gpt(models.build("gpt", seed=seed), group=mine["tp"])
     with comm.record() as log:
-        tensor_parallel.loss(model, models.example_batch("gpt", 4, seed=seed)).backward()
+        tp_model.loss(model, models.example_batch("gpt", 4, seed=seed)).backward()
         for p in model.parameters():
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=mine["dp"])
     for optimizer in (torch.optim.SGD, torch.optim.AdamW):
@@ -104,8 +112,8 @@ def try_forbidden(seed):
 
 
 def test_forbidden_apis_raise_on_a_rank_and_training_still_works_on_a_warm_pool():
-    from distlab import checks
-    from distlab.pool import Pool
+    from distlab.grade import checks
+    from distlab.runtime.pool import Pool
 
     with Pool(2):
         for seed in (0, 1):   # the second call runs after the pool put torch.distributed's names back
@@ -122,26 +130,26 @@ def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
         assert "### BEGIN HIDDEN TESTS" in found[test], test
     # numeric answers are computed with the book's calculator in the hidden tests, not written down
     for test in ("task3-tests", "choice-tests", "concept-b-tests", "concept-c-tests"):
-        assert "from distlab import layout" in found[test].split("### BEGIN HIDDEN TESTS")[1], test
+        assert "from distlab.parallel3d import planner" in found[test].split("### BEGIN HIDDEN TESTS")[1], test
 
 
 def test_the_choice_is_the_calculators_recommendation_for_the_books_70b_example():
-    """The exercise's memory-only procedure lands where distlab.layout.recommend (which also
+    """The exercise's memory-only procedure lands where distlab.parallel3d.recommend.recommend (which also
     prices time) lands for the book's 70B model on 64 GPUs: the question and the book agree."""
-    from distlab import layout
+    from distlab.parallel3d import planner, recommend
 
     found = grade_cells(SLUG)
     namespace: dict = {}
     for grade_id in ("setup", "task3-answer", "choice-answer"):
         exec(found[grade_id], namespace)  # noqa: S102 - the instructor's own cells
-    model = layout.Model(layers=80, hidden=8192, heads=64, vocab=128256, seq=4096, biases=False,
+    model = planner.Model(layers=80, hidden=8192, heads=64, vocab=128256, seq=4096, biases=False,
                          learned_positions=False)
-    training = layout.Training(global_batch=1024, micro_batch=1, recompute="selective", sequence_parallel=True)
-    choice = layout.recommend(model, layout.Cluster(gpus=64), training).choice
+    training = planner.Training(global_batch=1024, micro_batch=1, recompute="selective", sequence_parallel=True)
+    choice = recommend.recommend(model, planner.Cluster(gpus=64), training).choice
     grid = choice.grid
     assert tuple(namespace["chosen_layout"]) == (grid.dp, grid.pp, grid.tp, choice.zero)
     # the exercise's round 70e9 parameters against the calculator's exact count: within 2%
-    assert abs(namespace["chosen_gib"] - choice.memory["total"] / layout.GiB) < 0.02 * namespace["chosen_gib"]
+    assert abs(namespace["chosen_gib"] - choice.memory["total"] / planner.GiB) < 0.02 * namespace["chosen_gib"]
 
 
 DP_FASTEST = (  # the solution's place values, with dp the fastest-varying digit
