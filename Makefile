@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # This machine's pip configuration prints a harmless warning per package; keep the log readable.
 QUIET_PIP := grep -v '^WARNING: Location' || true
 
-.PHONY: venv system-deps test test-fast book bench clean
+.PHONY: venv system-deps lint test test-fast book bench clean
 
 venv: $(STAMP)
 
@@ -24,9 +24,13 @@ $(STAMP): requirements.txt pyproject.toml
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# pyflakes, import order and bugbear over the code, tests and benchmarks (rules: pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --no-cache .
+
 # Two workers, one test file each at a time (files share module-scoped fixtures: the built
 # book, the graded class, the Slurm cluster); tests/conftest.py starts the longest files first.
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps lint
 	$(PY) -m pytest -n 2 --dist loadfile
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
