@@ -3,7 +3,7 @@
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; the script only joins the process
 group, trains a small model with DDP on its shard of the data, and rank 0 prints one line
 ``RESULT <json>`` with what every rank saw. tests/test_slurm.py submits it through the job
-script that ``python -m distlab.slurm_cli script`` writes.
+script that ``python -m distlab.runtime.launchers.slurm script`` writes.
 """
 
 import argparse
