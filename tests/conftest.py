@@ -75,6 +75,29 @@ def no_rank_process_left_at_the_end():
     assert not leftovers, f"processes left behind by the test session: {leftovers}"
 
 
+@pytest.fixture(scope="module")
+def pools():
+    """Warm ranks for one test file: a pool of 2 and one of 4, which its ``distlab.run`` calls reuse."""
+    import distlab
+
+    with distlab.Pool(2), distlab.Pool(4):
+        yield
+
+
+@pytest.fixture
+def cpu_load():
+    """Two busy processes beside the test (the 2-core CI machine, loaded): started here, ended here by pid."""
+    import subprocess
+    import sys
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    time.sleep(0.5)   # let them take the cores
+    yield
+    for proc in busy:
+        proc.kill()
+        proc.wait()
+
+
 LONGEST_FIRST = ("test_hostile.py", "test_book.py", "test_grading.py")
 """Files that take minutes each (measured: 11, 10 and 8 min of a 42-min serial run). Under
 ``pytest -n 2 --dist loadfile`` each file runs on one worker, in collection order, so these

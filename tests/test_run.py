@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from process_support import REPEAT_UNDER_LOAD, alive_with_marker
 
 import distlab
 from distlab import DistTimeout, RankError
@@ -171,6 +172,38 @@ def test_sys_exit_and_os_exit_in_a_rank_are_rank_errors():
         distlab.run(hard_exit, nprocs=2, timeout=60)
     assert info.value.rank == 1 and info.value.exc_type == "ProcessExited"
     assert "exited with code 3" in str(info.value)
+
+
+def _start_detached_children(marker, die):
+    """Start a child in a session of its own and a grandchild that double-forks away; then return, or die."""
+    import subprocess
+    import sys
+
+    sleeper = f"import time; time.sleep(600)  # {marker}"
+    subprocess.Popen([sys.executable, "-c", sleeper], start_new_session=True)
+    escape = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleeper!r}], start_new_session=True)"
+    subprocess.run([sys.executable, "-c", escape], check=True)   # its parent is gone at once: an orphan
+    if die and dist.get_rank() == 1:
+        os._exit(3)
+    return dist.get_rank()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(REPEAT_UNDER_LOAD))
+def test_a_failed_run_raises_only_once_what_its_dead_rank_started_is_gone_under_load(cpu_load, attempt):
+    marker = f"distlab-test-orphan-{attempt}"
+    with pytest.raises(RankError, match="exited with code 3"):
+        distlab.run(_start_detached_children, marker, True, nprocs=2, timeout=60)
+    assert not alive_with_marker(marker)
+
+
+def test_a_pool_call_returns_only_once_what_it_started_is_gone_and_the_ranks_stay():
+    with distlab.Pool(2) as pool:
+        ranks = pool.job.watcher.workers
+        assert distlab.run(_start_detached_children, "distlab-test-pool-call", False, nprocs=2) == [0, 1]
+        assert not alive_with_marker("distlab-test-pool-call")
+        assert distlab.run(rank_and_world, 0, nprocs=2) == [(0, 2), (1, 2)]
+        assert pool.job.watcher.workers == ranks and all(p.is_running() for p in ranks.values())
 
 
 def test_an_unpicklable_result_is_a_rank_error_that_says_so():

@@ -19,6 +19,14 @@ Two rules, because a login node or a JupyterHub server is shared with other peop
      (it looks again whenever a rank ends), and at the end of a run signals them, SIGTERM
      first and SIGKILL shortly after, and *waits until every one of them is gone*, with a
      bound. A run returns or raises only then.
+
+One gap is left: when torchrun itself has ended (a rank died and torchrun followed it), what
+the ranks started is re-parented to ``init``, out of every tree. So every process of a run
+also carries a *tag*, the environment variable :data:`TAG_VARIABLE` set to the run's own
+folder, which its children inherit; at the end :meth:`ProcessTree.end` also ends this user's
+processes that carry the run's tag (:func:`tagged`). Only a process that both leaves the tree
+and clears its environment gets past that, and the grader's caps count those
+(:mod:`distlab.grade.limits`).
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ import psutil
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+
+TAG_VARIABLE = "DISTLAB_RUN_TAG"
+"""The environment variable that tags every process of a run (its value: the run's folder)."""
 
 END_BOUND_SECONDS = 10.0
 """The longest :meth:`ProcessTree.end` waits for killed processes to be gone (a SIGKILLed
@@ -67,24 +78,6 @@ def leash(subreaper: bool = True) -> None:
     die_with_parent()
     if subreaper:
         become_subreaper()
-
-
-def snapshot(pids) -> list[psutil.Process]:
-    """The live processes among ``pids`` and all their descendants, as psutil handles.
-
-    psutil remembers each process's start time, so signalling a handle later can never hit
-    an unrelated process that happened to reuse the same pid.
-    """
-    found: dict[int, psutil.Process] = {}
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            found[proc.pid] = proc
-            for child in proc.children(recursive=True):
-                found[child.pid] = child
-        except psutil.Error:
-            continue
-    return list(found.values())
 
 
 def alive(procs) -> list[psutil.Process]:
@@ -122,6 +115,19 @@ def _wait_gone(procs, seconds: float) -> list[psutil.Process]:
         time.sleep(0.01)
 
 
+def tagged(tag: str) -> list[psutil.Process]:
+    """This user's running processes whose environment carries ``TAG_VARIABLE=tag`` (a few ms)."""
+    me, found = os.getuid(), []
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"] and proc.info["uids"].real == me and proc.pid != os.getpid() \
+                    and proc.environ().get(TAG_VARIABLE) == tag:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return alive(found)
+
+
 class ProcessTree:
     """Every process seen below some roots (an agent and its ranks), ended together at the end.
 
@@ -131,31 +137,27 @@ class ProcessTree:
     roots now, and returns only when all of it is gone or ``bound`` seconds have passed.
     """
 
-    def __init__(self, roots=()):
+    def __init__(self, roots=(), tag: str | None = None):
         self.roots: list[int] = list(roots)
+        self.tag = tag                       # the run's tag (see TAG_VARIABLE), if its processes carry one
         self.seen: dict[int, psutil.Process] = {}
 
-    def add_root(self, pid: int) -> None:
-        if pid not in self.roots:
-            self.roots.append(pid)
-
     def remember(self) -> None:
-        """Add every process below the roots and below what was seen before (still running)."""
-        handles = []
+        """Add every process below the roots, and below what was seen before, that runs now."""
+        below: dict[int, list[psutil.Process]] = {}   # parent pid -> children: one look at every process
+        for proc in psutil.process_iter(["ppid"]):
+            below.setdefault(proc.info["ppid"], []).append(proc)
+        todo = []
         for pid in self.roots:               # our own children: their pids are ours until we reap them
             try:
-                handles.append(psutil.Process(pid))
+                todo.append(psutil.Process(pid))
             except psutil.Error:
                 continue
-        for proc in handles + list(self.seen.values()):
-            try:
-                if not proc.is_running():    # gone (is_running also catches a pid reused by another process)
-                    continue
-                self.seen.setdefault(proc.pid, proc)
-                for child in proc.children(recursive=True):
-                    self.seen.setdefault(child.pid, child)
-            except psutil.Error:
-                continue
+        todo += [proc for proc in self.seen.values() if proc.is_running()]   # not a reused pid
+        while todo:
+            proc = todo.pop()
+            self.seen.setdefault(proc.pid, proc)
+            todo += [child for child in below.get(proc.pid, []) if child.pid not in self.seen]
 
     def end(self, grace: float = 0.5, bound: float = END_BOUND_SECONDS) -> list[psutil.Process]:
         """SIGTERM, then SIGKILL after ``grace`` s, every process of the tree; wait until all are gone.
@@ -164,23 +166,56 @@ class ProcessTree:
         """
         deadline = time.monotonic() + bound
         self.remember()
-        procs = list(self.seen.values())
+        procs = self._strays()
         _signal_groups_and_processes(procs, signal.SIGTERM)
-        if not _wait_gone(procs, grace):
-            return []
-        while time.monotonic() < deadline:
-            self.remember()              # a process may have started children after the first look
-            procs = alive(self.seen.values())
-            if not procs:
-                return []
+        _wait_gone(procs, grace)
+        while True:
+            # Look again, always: a process may have started one more while it was being ended.
+            # Only a look that finds nothing left ends the loop.
+            self.remember()
+            procs = self._strays()
+            if not procs or time.monotonic() > deadline:
+                return procs
             _signal_groups_and_processes(procs, signal.SIGKILL)
             _wait_gone(procs, min(0.2, max(0.0, deadline - time.monotonic())))
-        return alive(self.seen.values())
+
+    def _strays(self) -> list[psutil.Process]:
+        """What is left running: of the tree, and of the run's tagged processes wherever they went."""
+        found = {proc.pid: proc for proc in alive(self.seen.values())}
+        if self.tag is not None:
+            found.update({proc.pid: proc for proc in tagged(self.tag)})
+        return list(found.values())
 
 
-def end_processes(procs, grace: float = 1.0) -> None:
-    """SIGTERM the processes (and the groups they lead), SIGKILL what is left after ``grace`` s,
-    and wait (bounded) until they and their descendants are gone."""
-    tree = ProcessTree(p.pid for p in procs)
-    tree.seen.update({p.pid: p for p in procs})
-    tree.end(grace)
+def children() -> set[int]:
+    """Process ids of this process's direct children (cheap: Linux lists them per thread in /proc)."""
+    pids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # not Linux: ask psutil (slower, it looks at every process)
+        return {child.pid for child in psutil.Process().children()}
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as listing:
+                pids.update(int(pid) for pid in listing.read().split())
+        except OSError:
+            continue
+    return pids
+
+
+def end_children_started_since(before: set[int], grace: float = 0.2) -> None:
+    """End every process this one started since ``before`` (its children then), and their descendants.
+
+    A warm rank runs many calls; what one call started must not outlive it. The rank is a
+    subreaper, so even a process that detached itself is still below it. The ended children
+    are reaped, so none stays behind as a zombie.
+    """
+    started = children() - before
+    if not started:
+        return
+    ProcessTree(started).end(grace)
+    for pid in children() - before:   # ours now: the ended children, and orphans re-parented to us
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue

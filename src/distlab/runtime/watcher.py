@@ -53,7 +53,8 @@ class Watcher:
         explain_end: ``explain_end(dead_ranks) -> Exception``, called when the agent ended, or
             ranks died, before every result arrived: the launcher knows best why.
         agent_pid: the agent's process id when it is a process of this machine (torchrun,
-            srun): :meth:`end` then ends everything below it and waits until it is gone.
+            srun): :meth:`end` then ends everything below it, and every process tagged with
+            the run's folder (see :mod:`distlab.runtime.processes`), and waits until it is gone.
         ranks_here: whether the ranks run on this machine: then their deaths are noticed by
             process id, at once. (On other nodes their pids would name unrelated processes.)
         poll_seconds: how often to look (slower on a shared filesystem).
@@ -67,7 +68,7 @@ class Watcher:
         self.echo = OutputEcho(self.run_dir, nprocs)
         self.workers: dict[int, psutil.Process] = {}
         self.ranks_here = ranks_here
-        self.tree = ProcessTree([agent_pid]) if agent_pid is not None else None
+        self.tree = ProcessTree([agent_pid], tag=str(self.run_dir)) if agent_pid is not None else None
         self.started = time.monotonic()
         self.succeeded = False
 
@@ -120,7 +121,7 @@ class Watcher:
                 return
             dead = self.dead_without_report()
             if dead or self.agent.poll() is not None:
-                self._remember_tree()     # before the agent is gone: what the dead left is below it
+                self.remember_processes()     # before the agent is gone: what the dead left is below it
                 raise self.explain_end(dead)
             if time.monotonic() > deadline:
                 raise DistTimeout(timeout, self.rank_states(), waiting_for)
@@ -153,7 +154,9 @@ class Watcher:
                 dead.append(rank)
         return dead
 
-    def _remember_tree(self) -> None:
+    def remember_processes(self) -> None:
+        """Note every local process of the job now: call it before anything of the job may end
+        (what a process started is re-parented when it dies, and may leave the tree with it)."""
         if self.tree is not None:
             self.tree.remember()
 
@@ -180,7 +183,7 @@ class Watcher:
         self._note_workers()
         dead = self.dead_without_report()
         if dead:
-            self._remember_tree()
+            self.remember_processes()
             return self.explain_end(dead)
         return first_failure(self.reports())
 

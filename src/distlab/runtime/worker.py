@@ -110,11 +110,12 @@ def _read_options(folder: Path) -> dict:
 
 def _run_call(run_dir: Path, call_dir: Path, rank: int) -> bool:
     """Run the call whose files are in ``call_dir``; write its result or error. True if it returned."""
-    from distlab.runtime import isolation, serialize
+    from distlab.runtime import isolation, processes, serialize
     from distlab.tools import comm
 
     files.write_state(run_dir, rank, {"phase": "user", "since": time.time()})
     saved = isolation.snapshot()
+    children_before = processes.children()
     undo = []
     try:
         options = _read_options(call_dir)
@@ -134,6 +135,7 @@ def _run_call(run_dir: Path, call_dir: Path, rank: int) -> bool:
             step()
         isolation.restore(saved)
         comm.forget_pending()
+    processes.end_children_started_since(children_before)   # the call ends with what it started
     files.write_atomically(files.result_file(call_dir, rank), data)
     files.write_state(run_dir, rank, {"phase": "returned", "since": time.time()})
     return True

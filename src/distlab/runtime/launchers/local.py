@@ -59,6 +59,7 @@ class LocalJob:
         ``gracefully`` defaults to whether the last call succeeded. Returns once every process
         the job started is gone (see :class:`~distlab.runtime.processes.ProcessTree`).
         """
+        self.watcher.remember_processes()   # before the ranks and torchrun leave
         if self.watcher.succeeded if gracefully is None else gracefully:
             if self.pool:  # idle pool ranks leave when they see this file
                 files.write_atomically(self.run_dir / files.STOP, b"")

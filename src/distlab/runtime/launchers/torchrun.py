@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+from distlab.runtime.processes import TAG_VARIABLE
+
 WORKER = "distlab.runtime.worker"
 """The module every rank runs (see :mod:`distlab.runtime.worker`)."""
 
@@ -47,12 +49,14 @@ def worker_environment(backend: str | None, threads: int | None) -> dict[str, st
 def agent_environment(run_dir: Path, backend: str | None, threads: int | None) -> dict[str, str]:
     """The whole environment of a launcher's agent (torchrun, or srun that starts torchrun).
 
-    This process's environment, the workers' variables, and ``TMPDIR`` pointing into the run
-    directory: torchrun's temporary files are deleted with it. The worker gives the user's
-    code its own ``TMPDIR`` back (``DISTLAB_USER_TMPDIR``).
+    This process's environment, the workers' variables, ``TMPDIR`` pointing into the run
+    directory (torchrun's temporary files are deleted with it; the worker gives the user's code
+    its own ``TMPDIR`` back, ``DISTLAB_USER_TMPDIR``), and the run's tag, which every process
+    of the run inherits (:data:`distlab.runtime.processes.TAG_VARIABLE`).
     """
     env = dict(os.environ, **worker_environment(backend, threads))
     env.update(TMPDIR=str(run_dir), DISTLAB_USER_TMPDIR=os.environ.get("TMPDIR", ""))
+    env[TAG_VARIABLE] = str(run_dir)
     return env
 
 

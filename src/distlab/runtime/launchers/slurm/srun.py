@@ -112,6 +112,7 @@ class SrunJob:
     def stop(self, gracefully: bool | None = None) -> None:
         """Cancel our step in Slurm (the ranks on every node) unless it ended well, then end srun."""
         graceful = self.watcher.succeeded if gracefully is None else gracefully
+        self.watcher.remember_processes()   # srun's own helpers, before srun leaves
         try:
             if graceful:
                 if self.pool:  # idle pool ranks leave when they see this file

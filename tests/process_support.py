@@ -1,0 +1,31 @@
+"""Finding the processes a test started, and how often the process-tree tests repeat under load."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+
+def alive_with_marker(marker: str) -> list[psutil.Process]:
+    """Running (non-zombie) processes whose command line holds ``marker``: a test's own children.
+
+    What it finds is killed (by pid: they are the test's), so a failing check leaves nothing
+    running into the next test; the caller asserts the list is empty.
+    """
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in cmdline and proc.pid != os.getpid():
+            found.append(proc)
+    for proc in found:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return found
+
+
+REPEAT_UNDER_LOAD = int(os.environ.get("DISTLAB_REPEAT_UNDER_LOAD", "3"))
+"""How many times the process-tree tests run under load (the proof ran them 20 times:
+``DISTLAB_REPEAT_UNDER_LOAD=20 pytest -k under_load``)."""
