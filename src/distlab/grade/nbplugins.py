@@ -107,8 +107,8 @@ class CleanRoomTests(NbGraderPreprocessor):
     rank_cpu_s = Integer(600, help="CPU seconds a graded rank may use").tag(config=True)
     test_timeout_s = Integer(config.TEST_CELL_TIMEOUT_S, help="Seconds per test cell in the clean room").tag(config=True)
     forbidden = List(Unicode(), [], help="APIs that raise 'not allowed in this exercise' on graded ranks, "
-                                         "for every assignment (a notebook adds its own in metadata "
-                                         "distlab.forbidden)").tag(config=True)
+                                         "for every assignment (a notebook adds its own in its metadata: "
+                                         "{'distlab': {'forbidden': [...]}})").tag(config=True)
 
     def caps(self) -> dict:
         return {"memory_mb": self.rank_memory_mb, "processes": self.rank_processes,
