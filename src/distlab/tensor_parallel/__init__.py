@@ -23,7 +23,7 @@ with the vocabulary as the unit (``VocabParallelEmbedding``,
 ``vocab_parallel_cross_entropy``): the full ``(batch, seq, vocab)`` logits never exist
 on any rank.
 
-All the communication goes through six tiny ``torch.autograd.Function`` s, in conjugate
+All the communication goes through six tiny functions (:mod:`.regions`), in conjugate
 pairs: what one does forward, its partner does backward.
 
 =========================================  =============================  =============================

@@ -1,9 +1,10 @@
 """The communication of tensor parallelism: six autograd functions, in conjugate pairs.
 
 What one does forward, its partner does backward (the table is in the package's docstring,
-:mod:`distlab.tensor_parallel`). Each is one line forward and one line backward around the
-plain collectives below; layers (:mod:`.layers`) call only these six functions, never a
-collective directly, so every byte tensor parallelism sends passes through this module.
+:mod:`distlab.tensor_parallel`). Each is one line: a :class:`ConjugatePair` node with a
+forward and a backward made of the plain collectives below. Layers (:mod:`.layers`) call only
+these six functions, never a collective directly, so every byte tensor parallelism sends
+passes through this module.
 """
 
 from __future__ import annotations
@@ -56,117 +57,53 @@ def reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     return mine
 
 
-# -- the conjugate pairs, as autograd functions ---------------------------------------------------
-# Each one is a single line forward and a single line backward. The rule that finds the
-# backward: if forward hands the same value to every rank (identity on a replicated input),
-# each rank's gradient is only a part of the true one, so backward must sum them (all-reduce);
-# if forward sums, backward hands the same gradient to every part (identity).
+# -- the conjugate pairs ----------------------------------------------------------------------------
+# The rule that finds the backward: if forward hands the same value to every rank (identity on
+# a replicated input), each rank's gradient is only a part of the true one, so backward must
+# sum them (all-reduce); if forward sums, backward hands the same gradient to every part
+# (identity). One autograd node holds any such pair; each region below is then one line.
 
-class _CopyToParallelRegion(torch.autograd.Function):
-    """Megatron's ``f``: identity forward; all-reduce of the input gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
+class ConjugatePair(torch.autograd.Function):
+    """An autograd node that runs ``forward(x)`` forward and ``backward(gradient)`` backward."""
 
     @staticmethod
-    def backward(ctx, grad):
-        return all_reduce(grad, ctx.group), None
-
-
-class _ReduceFromParallelRegion(torch.autograd.Function):
-    """Megatron's ``g``: all-reduce forward; identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return all_reduce(x, group)
+    def forward(ctx, x, forward, backward):
+        ctx.backward_of = backward
+        return forward(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
-
-
-class _ScatterToParallelRegion(torch.autograd.Function):
-    """Keep my slice of the last dimension forward; all-gather the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return split(x, -1, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather(grad, -1, ctx.group), None
-
-
-class _GatherFromParallelRegion(torch.autograd.Function):
-    """All-gather along the last dimension forward; keep my slice of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather(x, -1, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return split(grad, -1, ctx.group), None
-
-
-class _GatherFromSequenceRegion(torch.autograd.Function):
-    """Sequence parallel: all-gather along the sequence forward; reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return all_gather(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter(grad, ctx.dim, ctx.group), None, None
-
-
-class _ReduceScatterToSequenceRegion(torch.autograd.Function):
-    """Sequence parallel: reduce-scatter along the sequence forward; all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return reduce_scatter(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather(grad, ctx.dim, ctx.group), None, None
+        return ctx.backward_of(grad), None, None
 
 
 SEQUENCE_DIM = 1   # activations are (batch, seq, features), as in distlab.models
 
 
 def copy_to_parallel_region(x, group=None):
-    """Enter a tensor-parallel region with a replicated ``x``: identity forward, all-reduce backward."""
-    return _CopyToParallelRegion.apply(x, group)
+    """Megatron's ``f``: enter a region with a replicated ``x``: identity forward, all-reduce backward."""
+    return ConjugatePair.apply(x, lambda t: t.view_as(t), lambda g: all_reduce(g, group))
 
 
 def reduce_from_parallel_region(x, group=None):
-    """Leave a tensor-parallel region by summing partial results: all-reduce forward, identity backward."""
-    return _ReduceFromParallelRegion.apply(x, group)
+    """Megatron's ``g``: leave a region by summing partial results: all-reduce forward, identity backward."""
+    return ConjugatePair.apply(x, lambda t: all_reduce(t, group), lambda g: g)
 
 
 def scatter_to_parallel_region(x, group=None):
     """Keep my slice of the last dimension: no communication forward, all-gather backward."""
-    return _ScatterToParallelRegion.apply(x, group)
+    return ConjugatePair.apply(x, lambda t: split(t, -1, group), lambda g: all_gather(g, -1, group))
 
 
 def gather_from_parallel_region(x, group=None):
     """Concatenate every rank's slice of the last dimension: all-gather forward, slice backward."""
-    return _GatherFromParallelRegion.apply(x, group)
+    return ConjugatePair.apply(x, lambda t: all_gather(t, -1, group), lambda g: split(g, -1, group))
 
 
 def gather_from_sequence_region(x, group=None, dim: int = SEQUENCE_DIM):
-    """Sequence shards to the full sequence: all-gather forward, reduce-scatter backward."""
-    return _GatherFromSequenceRegion.apply(x, dim, group)
+    """Sequence parallel: sequence shards to the full sequence: all-gather forward, reduce-scatter backward."""
+    return ConjugatePair.apply(x, lambda t: all_gather(t, dim, group), lambda g: reduce_scatter(g, dim, group))
 
 
 def reduce_scatter_to_sequence_region(x, group=None, dim: int = SEQUENCE_DIM):
-    """Partial sums to summed sequence shards: reduce-scatter forward, all-gather backward."""
-    return _ReduceScatterToSequenceRegion.apply(x, dim, group)
+    """Sequence parallel: partial sums to summed sequence shards: reduce-scatter forward, all-gather backward."""
+    return ConjugatePair.apply(x, lambda t: reduce_scatter(t, dim, group), lambda g: all_gather(g, dim, group))
