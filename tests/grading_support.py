@@ -197,6 +197,29 @@ def grade_one_student(root: Path, slug: str, student: str, answers: dict) -> tup
     return course, course.scores(slug)[student]
 
 
+def test_points(slug: str) -> dict:
+    """``{test grade id: points}`` of an assignment's autograded test cells."""
+    return {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in _solution(slug).cells
+            if c.metadata.get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")}
+
+
+def assert_wrong_answers_lose_only_their_tasks(root: Path, slug: str, answers: dict, wrong: dict,
+                                               reasons=()) -> None:
+    """Grade one student whose answers are ``answers`` (the solution's, some replaced by plausible
+    wrong ones): each test of ``wrong`` (``{test grade id: what its wrong answer does}``) scores 0,
+    every other test keeps all its points (the wrong answers cost only their own tasks), and the
+    feedback says each of ``reasons`` (the check that caught it, not another)."""
+    course, scores = grade_one_student(root, slug, "plausible", answers)
+    for test, what in wrong.items():
+        assert scores[test] == 0.0, f"{what} was not caught"
+    kept = {test: (scores[test], points) for test, points in test_points(slug).items()
+            if test not in wrong and scores[test] != points}
+    assert not kept, f"tests that lost points although their answers are right: {kept}"
+    feedback = course.autograded_text()
+    for reason in reasons:
+        assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
+
+
 def try_each(attempts: dict) -> dict:
     """Call each of ``{name: call}`` (on a rank, with APIs forbidden); ``{name: verdict}`` where the
     verdict is ``"allowed"``, ``"ForbiddenError"``, or another error's type and message."""

@@ -7,8 +7,8 @@ over every folder of solutions/, this one included.
 
 from __future__ import annotations
 
+import grading_support as gs
 import pytest
-from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 import distlab
 
@@ -23,21 +23,21 @@ def try_the_forbidden(forbidden):
 
     from distlab.data import sharding
 
-    return try_each({
+    return gs.try_each({
         "torch.utils.data.DistributedSampler": lambda: torch.utils.data.DistributedSampler(range(10), 2, 0),
         "distlab.data.sharding": lambda: sharding.DistributedSampler(10, 2, 0),
     })
 
 
 def test_the_reference_sampler_and_torchs_are_closed_on_graded_ranks():
-    forbidden = forbidden_list(SLUG)
+    forbidden = gs.forbidden_list(SLUG)
     for verdicts in distlab.run(try_the_forbidden, forbidden, nprocs=2):
         assert verdicts == {"torch.utils.data.DistributedSampler": "ForbiddenError",
                             "distlab.data.sharding": "ForbiddenError"}, verdicts
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    cells = notebook_cells(solution_path(SLUG))
+    cells = gs.notebook_cells(gs.solution_path(SLUG))
     tests = [c.source for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert len(tests) >= 5 and all("BEGIN HIDDEN TESTS" in t for t in tests)
     coding = [t for t in tests if "on_ranks" in t or "step_on_ranks" in t]
@@ -67,9 +67,6 @@ def batch_sampler_shard(num_samples, global_batch_size, epoch, seed, rank, world
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_sampler_without_padding_and_strided_slices_score_zero(tmp_path):
-    answers = {**solution_answers(SLUG),
-               "task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES}
-    course, scores = grade_one_student(tmp_path, SLUG, "wrong", answers)
-    assert scores["task1-tests"] == 0.0, "a sampler without padding was not caught"
-    assert scores["task2-tests"] == 0.0, "strided slices were not caught"
-    assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0
+    answers = {**gs.solution_answers(SLUG), "task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES}
+    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
+        "task1-tests": "a sampler without padding", "task2-tests": "strided slices"})

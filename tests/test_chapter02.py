@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import grading_support as gs
 import pytest
 import torch
 import torch.distributed as dist
-from grading_support import forbidden_list, grade_one_student, notebook_cells, solution_answers, solution_path, try_each
 
 import distlab
 
@@ -29,7 +29,7 @@ def try_every_road(forbidden):
         "group.all_gather_single": lambda: group.all_gather_single(torch.empty(2), torch.ones(1)),
         "broadcast": lambda: dist.broadcast(torch.ones(2), src=0),
     }
-    verdicts = try_each(roads)
+    verdicts = gs.try_each(roads)
     # Point-to-point stays allowed: it is what the exercise is built from.
     peer = 1 - dist.get_rank()
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(1), peer),
@@ -41,14 +41,14 @@ def try_every_road(forbidden):
 
 
 def test_every_spelling_of_a_forbidden_collective_is_closed():
-    forbidden = forbidden_list(SLUG)
+    forbidden = gs.forbidden_list(SLUG)
     for verdicts in distlab.run(try_every_road, forbidden, nprocs=2):
         assert verdicts.pop("batch_isend_irecv") == "allowed"
         assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
 
 
 def test_the_reference_solution_matches_the_book_and_the_exercise_uses_2_and_4_ranks():
-    sources = "\n".join(c.source for c in notebook_cells(solution_path(SLUG)))
+    sources = "\n".join(c.source for c in gs.notebook_cells(gs.solution_path(SLUG)))
     assert "nprocs=2" in sources and "nprocs=4" in sources
     assert "forbidden=FORBIDDEN" in sources
 
@@ -86,10 +86,6 @@ def ring_reduce_scatter(tensor):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_naive_all_reduce_and_a_disguised_builtin_score_zero(tmp_path):
-    answers = {**solution_answers(SLUG),
-               "task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE}
-    course, scores = grade_one_student(tmp_path, SLUG, "sneaky", answers)
-    assert scores["task1-tests"] == 0.0, "the built-in reduce-scatter was not caught"
-    assert scores["task3-tests"] == 0.0, "the naive all-reduce was not caught by the byte count"
-    assert scores["task2-tests"] == 2.0  # the honest task keeps its points
-    assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0
+    answers = {**gs.solution_answers(SLUG), "task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE}
+    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
+        "task1-tests": "the built-in reduce-scatter", "task3-tests": "the naive all-reduce (by the byte count)"})

@@ -6,15 +6,8 @@ bound) run for every assignment in tests/test_grading.py; here are the chapter's
 
 from __future__ import annotations
 
+import grading_support as gs
 import pytest
-from grading_support import (
-    assert_tasks_graded_on_2_and_4_ranks,
-    forbidden_list,
-    grade_cells,
-    grade_one_student,
-    solution_answers,
-    try_each,
-)
 
 import distlab
 
@@ -22,8 +15,8 @@ SLUG = "03-ddp"
 
 
 def test_the_reference_package_and_torch_ddp_are_forbidden():
-    assert set(forbidden_list(SLUG)) == {"torch.nn.parallel.DistributedDataParallel", "distlab.data_parallel"}
-    assert "FORBIDDEN" in grade_cells(SLUG)["setup"]
+    assert set(gs.forbidden_list(SLUG)) == {"torch.nn.parallel.DistributedDataParallel", "distlab.data_parallel"}
+    assert "FORBIDDEN" in gs.grade_cells(SLUG)["setup"]
 
 
 def try_forbidden(forbidden):
@@ -32,7 +25,7 @@ def try_forbidden(forbidden):
     from distlab.grade.forbid import forbid
 
     forbid(*forbidden)
-    verdicts = try_each({
+    verdicts = gs.try_each({
         "torch DDP": lambda: torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)),
         "OverlappedDDP": lambda: __import__("distlab.data_parallel.overlap", fromlist=["x"]).OverlappedDDP(
             torch.nn.Linear(2, 2)),
@@ -49,12 +42,12 @@ def try_forbidden(forbidden):
 
 
 def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
-    for verdicts in distlab.run(try_forbidden, forbidden_list(SLUG), nprocs=2):
+    for verdicts in distlab.run(try_forbidden, gs.forbidden_list(SLUG), nprocs=2):
         assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_the_awkward_model_hidden():
-    cells = assert_tasks_graded_on_2_and_4_ranks(SLUG)
+    cells = gs.assert_tasks_graded_on_2_and_4_ranks(SLUG)
     for task in ("task1-tests", "task2-tests", "task3-tests"):
         visible, hidden = cells[task].split("### BEGIN HIDDEN TESTS")
         assert '("awkward",' in hidden and '("awkward",' not in visible, task
@@ -120,10 +113,8 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    answers = {**solution_answers(SLUG), "task1-answer": NO_BROADCAST,
+    answers = {**gs.solution_answers(SLUG), "task1-answer": NO_BROADCAST,
                "task2-answer": BLOCKING_AFTER_BACKWARD, "task3-answer": SYNC_EVERY_MICRO_STEP}
-    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
-    assert scores["task1-tests"] == 0.0, "a missing broadcast was not caught"
-    assert scores["task2-tests"] == 0.0, "all-reduces after backward (no overlap) were not caught"
-    assert scores["task3-tests"] == 0.0, "communicating on every micro-step was not caught"
-    assert scores["concept-a-tests"] + scores["concept-b-tests"] + scores["concept-c-tests"] == 3.0
+    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
+        "task1-tests": "a missing broadcast", "task2-tests": "all-reduces after backward (no overlap)",
+        "task3-tests": "communicating on every micro-step"})

@@ -28,14 +28,8 @@ student's Python code makes comes from a torch function or tensor method anyway.
 
 from __future__ import annotations
 
+import grading_support as gs
 import pytest
-from grading_support import (
-    assert_tasks_graded_on_2_and_4_ranks,
-    forbidden_list,
-    grade_one_student,
-    solution_answers,
-    try_each,
-)
 
 import distlab
 
@@ -43,7 +37,7 @@ SLUG = "05-tensor-parallel"
 
 
 def test_the_reference_package_dtensor_tp_and_differentiable_collectives_are_forbidden_in_metadata_and_setup():
-    forbidden = set(forbidden_list(SLUG))
+    forbidden = set(gs.forbidden_list(SLUG))
     assert {"distlab.tensor_parallel", "torch.distributed.tensor.parallel",
             "torch.distributed.tensor.DTensor", "torch.distributed.tensor.distribute_tensor",
             "torch.distributed.nn.functional.all_reduce", "torch.distributed.nn.functional._AllReduce"} <= forbidden
@@ -65,7 +59,7 @@ def try_forbidden(forbidden):
     forbid(*forbidden)
     mod = importlib.import_module
     linear = torch.nn.Linear(4, 4)
-    verdicts = try_each({
+    verdicts = gs.try_each({
         "distlab.tensor_parallel": lambda: __import__("distlab.tensor_parallel").tensor_parallel.layers,
         "import distlab.tensor_parallel.layers": lambda: mod("distlab.tensor_parallel.layers").ColumnParallelLinear(4, 4),
         "import distlab.tensor_parallel.regions": lambda: mod("distlab.tensor_parallel.regions").copy_to_parallel_region,
@@ -132,14 +126,14 @@ def try_forbidden(forbidden):
 
 
 def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
-    for verdicts, trained, grad, biggest, calls, largest in distlab.run(try_forbidden, forbidden_list(SLUG), nprocs=2):
+    for verdicts, trained, grad, biggest, calls, largest in distlab.run(try_forbidden, gs.forbidden_list(SLUG), nprocs=2):
         assert set(verdicts.values()) == {"ForbiddenError"}, verdicts
         assert trained and grad == [2.0] * 3 and biggest == 1.0
         assert calls == ["all_reduce", "all_reduce", "all_gather"] and largest == 3
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = assert_tasks_graded_on_2_and_4_ranks(SLUG)
+    found = gs.assert_tasks_graded_on_2_and_4_ranks(SLUG)
     assert all("on_ranks(" in found[task] for task in ("task1-tests", "task2-tests", "task3-tests"))
     for question in "abcd":
         assert "### BEGIN HIDDEN TESTS" in found[f"concept-{question}-tests"], question
@@ -214,17 +208,14 @@ def vocab_parallel_cross_entropy(local_logits, targets):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    solution = solution_answers(SLUG)
+    solution = gs.solution_answers(SLUG)
     old, new = BIAS_BEFORE_THE_SUM
     assert old in solution["task1-answer"], "the solution's row-parallel forward changed: update this test"
     answers = {**solution, "task1-answer": solution["task1-answer"].replace(old, new),
                "task2-answer": GATHERED_HIDDEN, "task3-answer": GATHERED_LOGITS}
-    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
-    assert scores["task1-tests"] == 0.0, "a row-parallel layer adding its bias on every rank was not caught"
-    assert scores["task2-tests"] == 0.0, "an MLP block that all-gathers its hidden activation was not caught"
-    assert scores["task3-tests"] == 0.0, "a cross-entropy that gathers the full logits was not caught"
-    assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
-    feedback = course.autograded_text()
-    for reason in ("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
-                   "exactly one all_reduce forward per block", "as large as the full logits"):
-        assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
+    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
+        "task1-tests": "a row-parallel layer adding its bias on every rank",
+        "task2-tests": "an MLP block that all-gathers its hidden activation",
+        "task3-tests": "a cross-entropy that gathers the full logits",
+    }, reasons=("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
+                "exactly one all_reduce forward per block", "as large as the full logits"))

@@ -35,29 +35,22 @@ blank release 18-32 s and 29 s of CPU; the slow test below about 80 s.
 
 from __future__ import annotations
 
+import grading_support as gs
 import pytest
-from grading_support import (
-    assert_tasks_graded_on_2_and_4_ranks,
-    forbidden_list,
-    grade_cells,
-    grade_one_student,
-    solution_answers,
-    try_each,
-)
 
 SLUG = "07-3d-parallelism"
 
 
 def test_the_reference_package_and_device_mesh_are_forbidden_in_metadata_and_setup():
-    forbidden = set(forbidden_list(SLUG))
+    forbidden = set(gs.forbidden_list(SLUG))
     assert {"distlab.parallel3d",
             "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.device_mesh.DeviceMesh",
             "torch.distributed.init_device_mesh", "torch.distributed.DeviceMesh",
             "torch.distributed.tensor.init_device_mesh", "torch.distributed.tensor.DeviceMesh"} <= forbidden
     # torch.distributed.tensor registers the real DeviceMesh class when it is first imported (AdamW's first
     # step imports it): forbidding one of its names imports it, so that must come before any other DeviceMesh
-    first = min(i for i, name in enumerate(forbidden_list(SLUG)) if name.endswith("DeviceMesh"))
-    assert forbidden_list(SLUG)[first].startswith("torch.distributed.tensor.")
+    first = min(i for i, name in enumerate(gs.forbidden_list(SLUG)) if name.endswith("DeviceMesh"))
+    assert gs.forbidden_list(SLUG)[first].startswith("torch.distributed.tensor.")
 
 
 def try_forbidden(seed):
@@ -71,7 +64,7 @@ def try_forbidden(seed):
     from distlab.tools import comm
 
     mod = importlib.import_module
-    verdicts = try_each({
+    verdicts = gs.try_each({
         "distlab.parallel3d.mesh.Grid": lambda: __import__("distlab.parallel3d.mesh").parallel3d.mesh.Grid(dp=2),
         "import distlab.parallel3d.mesh": lambda: mod("distlab.parallel3d.mesh").grid_for(4, tp=2),
         "from distlab.parallel3d.mesh import ProcessGrid": lambda: exec("from distlab.parallel3d.mesh import ProcessGrid"),
@@ -118,13 +111,13 @@ def test_forbidden_apis_raise_on_a_rank_and_training_still_works_on_a_warm_pool(
     with Pool(2):
         for seed in (0, 1):   # the second call runs after the pool put torch.distributed's names back
             for verdicts, ids, group_sizes, trained in checks.run_ranks(
-                    try_forbidden, nprocs=2, args=(seed,), forbidden=forbidden_list(SLUG), timeout=120).results:
+                    try_forbidden, nprocs=2, args=(seed,), forbidden=gs.forbidden_list(SLUG), timeout=120).results:
                 assert set(verdicts.values()) == {"ForbiddenError"}, (seed, verdicts)
                 assert ids == 1 and group_sizes == [1, 2] and trained
 
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
-    found = assert_tasks_graded_on_2_and_4_ranks(SLUG)
+    found = gs.assert_tasks_graded_on_2_and_4_ranks(SLUG)
     assert all("on_ranks(" in found[task] for task in ("task1-tests", "task2-tests", "task3-tests"))
     for test in ("choice-tests", "concept-a-tests", "concept-b-tests", "concept-c-tests", "concept-d-tests"):
         assert "### BEGIN HIDDEN TESTS" in found[test], test
@@ -138,7 +131,7 @@ def test_the_choice_is_the_calculators_recommendation_for_the_books_70b_example(
     prices time) lands for the book's 70B model on 64 GPUs: the question and the book agree."""
     from distlab.parallel3d import planner, recommend
 
-    found = grade_cells(SLUG)
+    found = gs.grade_cells(SLUG)
     namespace: dict = {}
     for grade_id in ("setup", "task3-answer", "choice-answer"):
         exec(found[grade_id], namespace)  # noqa: S102 - the instructor's own cells
@@ -167,19 +160,16 @@ NO_MICRO_BATCHES_IN_FLIGHT = (  # the solution's activations, as if a stage held
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    solution = solution_answers(SLUG)
+    solution = gs.solution_answers(SLUG)
     answers = dict(solution)
     for grade_id, (old, new) in (("task1-answer", DP_FASTEST), ("task2-answer", WORLD_AVERAGE),
                                  ("task3-answer", NO_MICRO_BATCHES_IN_FLIGHT)):
         assert old in solution[grade_id], f"the solution's {grade_id} changed: update this test"
         answers[grade_id] = solution[grade_id].replace(old, new)
-    course, scores = grade_one_student(tmp_path, SLUG, "plausible", answers)
-    assert scores["task1-tests"] == 0.0, "a grid with dp the fastest-varying coordinate was not caught"
-    assert scores["task2-tests"] == 0.0, "gradients averaged over the whole world were not caught"
-    assert scores["task3-tests"] == 0.0, "a memory formula without the micro-batches in flight was not caught"
-    assert scores["choice-tests"] == 2.0  # with pp = 1 the missing factor changes nothing: the choice stands
-    assert sum(scores[f"concept-{q}-tests"] for q in "abcd") == 4.0
-    feedback = course.autograded_text()
-    for reason in ("with tp the fastest-varying", "made all_reduce over a group of 4 ranks; average over the rank",
-                   "off by more than 0.1%"):
-        assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
+    # the choice keeps its points: with pp = 1 the missing factor changes nothing
+    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
+        "task1-tests": "a grid with dp the fastest-varying coordinate",
+        "task2-tests": "gradients averaged over the whole world",
+        "task3-tests": "a memory formula without the micro-batches in flight",
+    }, reasons=("with tp the fastest-varying", "made all_reduce over a group of 4 ranks; average over the rank",
+                "off by more than 0.1%"))

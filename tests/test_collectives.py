@@ -22,11 +22,6 @@ def compare_with_builtin(numel, algorithm):
     return mine, reference, log
 
 
-@pytest.fixture(scope="module")
-def pools():
-    with distlab.Pool(2), distlab.Pool(4):
-        yield
-
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("algorithm", ["ring", "tree", "naive"])

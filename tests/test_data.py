@@ -37,11 +37,9 @@ def data_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pools(data_cache):
-    started = {n: distlab.Pool(nprocs=n).activate() for n in (2, 4)}
-    yield started
-    for pool in started.values():
-        pool.stop()
+def pools(data_cache, pools):
+    """conftest's warm ranks, started once the ranks' data cache is set (they read it from the environment)."""
+    yield
 
 
 # -- the corpus -----------------------------------------------------------------------------------

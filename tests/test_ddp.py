@@ -107,11 +107,6 @@ def train_on_rank(kind, mode, steps=1, lr=0.1, bucket_mb=0.0005, batch_size=8):
     return grads, params, counts, launched_in_backward
 
 
-@pytest.fixture(scope="module")
-def pools():
-    with distlab.Pool(2), distlab.Pool(4):
-        yield
-
 
 def assert_grads_equal(per_rank_grads, ref_grads):
     for name, ref in ref_grads.items():

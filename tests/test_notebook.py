@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -83,14 +84,24 @@ def wait_for_pids(folder, n, seconds=180) -> list[int]:  # distlab's own start l
     raise AssertionError("the ranks did not start")
 
 
-@pytest.mark.slow
-def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
+@contextlib.contextmanager
+def kernel():
+    """A running IPython kernel and a client talking to it; shut down at the end if it still lives."""
     km = KernelManager(kernel_name="python3")
     km.start_kernel()
     try:
         kc = km.client()
         kc.start_channels()
         kc.wait_for_ready(timeout=60)
+        yield km, kc
+    finally:
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+@pytest.mark.slow
+def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
+    with kernel() as (km, kc):
         kc.execute(SLEEPER)
         # 1. Interrupt (the notebook's stop button): KeyboardInterrupt, and the ranks are gone.
         msg_id = kc.execute(f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2, timeout=200)")
@@ -107,9 +118,6 @@ def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
         kc.stop_channels()
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         assert not wait_until_gone(pids, 5.0), "ranks survived their kernel"
-    finally:
-        if km.is_alive():
-            km.shutdown_kernel(now=True)
 
 
 @pytest.mark.slow
@@ -138,18 +146,10 @@ def test_a_notebook_with_a_warm_pool_survives_a_deadlocked_cell():
 
 @pytest.mark.slow
 def test_a_killed_kernel_takes_its_pool_with_it(tmp_path):
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel()
-    try:
-        kc = km.client()
-        kc.start_channels()
-        kc.wait_for_ready(timeout=60)
+    with kernel() as (km, kc):
         kc.execute(SLEEPER.replace("time.sleep(300)", "") + "\ndistlab.start_pool(2)\n"
                    f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2)")
         pids = wait_for_pids(tmp_path, 2)
         kc.stop_channels()
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         assert not wait_until_gone(pids, 5.0), "pool ranks survived their kernel"
-    finally:
-        if km.is_alive():
-            km.shutdown_kernel(now=True)

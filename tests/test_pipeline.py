@@ -126,11 +126,6 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def pools():
-    with distlab.Pool(2), distlab.Pool(4):
-        yield
-
 
 @pytest.fixture(scope="module")
 def runs(pools):

@@ -513,6 +513,20 @@ def test_scancel_of_a_batch_job_is_a_clear_error(slurm_env, monkeypatch):
     assert "rank 0: in user code" in message
 
 
+def sleeper_in_an_allocation(timeout: float) -> str:
+    """A script for _salloc_python: one distlab.run of a sleeper, and the error it ends with, printed."""
+    return f"""
+        import time, distlab
+        def sleeper():
+            time.sleep(300)
+        try:
+            distlab.run(sleeper, nprocs=2, timeout={timeout})
+        except Exception as exc:
+            print("ERROR", type(exc).__name__, getattr(exc, "state", None))
+            print(exc)
+        """
+
+
 @pytest.mark.slow
 def test_scancel_of_an_srun_step_is_a_clear_error(slurm_env, tmp_path):
     def cancel_the_step():
@@ -522,16 +536,7 @@ def test_scancel_of_an_srun_step_is_a_clear_error(slurm_env, tmp_path):
                 _client(["scancel", step_id])
 
     watcher = _when_ranks_work(slurm_env["root"] / "runs", 2, cancel_the_step)
-    out = _salloc_python(tmp_path, """
-        import time, distlab
-        def sleeper():
-            time.sleep(300)
-        try:
-            distlab.run(sleeper, nprocs=2, timeout=90)
-        except Exception as exc:
-            print("ERROR", type(exc).__name__, getattr(exc, "state", None))
-            print(exc)
-        """, nodes=2)
+    out = _salloc_python(tmp_path, sleeper_in_an_allocation(timeout=90), nodes=2)
     watcher.join(timeout=5)
     assert "ERROR SlurmJobError CANCELLED" in out.stdout, out.stdout + out.stderr
     assert "was cancelled (scancel" in out.stdout
@@ -541,16 +546,7 @@ def test_scancel_of_an_srun_step_is_a_clear_error(slurm_env, tmp_path):
 def test_the_time_limit_ends_batch_jobs_and_allocations_with_a_clear_error(slurm_env, tmp_path, monkeypatch):
     # Slurm enforces --time only every ~30 s and counts in whole minutes: this takes 60-95 s,
     # so both launchers wait for their limit side by side.
-    allocation = _salloc_python(tmp_path, """
-        import time, distlab
-        def sleeper():
-            time.sleep(300)
-        try:
-            distlab.run(sleeper, nprocs=2, timeout=170)
-        except Exception as exc:
-            print("ERROR", type(exc).__name__, getattr(exc, "state", None))
-            print(exc)
-        """, nodes=1, minutes=1, background=True)
+    allocation = _salloc_python(tmp_path, sleeper_in_an_allocation(timeout=170), nodes=1, minutes=1, background=True)
     try:
         monkeypatch.setenv("DISTLAB_SLURM_TIME", "1")
         with pytest.raises(SlurmJobError) as info:

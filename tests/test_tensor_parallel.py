@@ -306,17 +306,22 @@ def test_no_rank_materialises_the_full_logits(results, n):
                 f"the full logits have {full_logits}")
 
 
+def reference_mlp():
+    """The single-process MLP on the test input: ``(output, input gradient)``."""
+    x = mlp_input().requires_grad_(True)
+    out = models.build("mlp", seed=0, **MLP)(x)
+    mlp_loss(out).backward()
+    return out.detach(), x.grad
+
+
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_megatron_mlp_matches_the_reference_with_one_all_reduce_each_way(results, n):
-    reference = models.build("mlp", seed=0, **MLP)
-    x = mlp_input().requires_grad_(True)
-    out = reference(x)
-    mlp_loss(out).backward()
+    out, x_grad = reference_mlp()
     for rank, r in enumerate(results[n]):
         mlp = r["mlp"]
-        checks.assert_tensor_close(mlp["out"], out.detach(), f"MLP output on rank {rank}", **TOL)
+        checks.assert_tensor_close(mlp["out"], out, f"MLP output on rank {rank}", **TOL)
         # the input gradient is what the backward all-reduce of copy_to_parallel_region makes whole
-        checks.assert_tensor_close(mlp["x_grad"], x.grad, f"MLP input gradient on rank {rank}", **TOL)
+        checks.assert_tensor_close(mlp["x_grad"], x_grad, f"MLP input gradient on rank {rank}", **TOL)
         checks.assert_gradients_match([mlp["grads"]], mlp["expected_grads"])
         checks.assert_comm([mlp["forward"]], calls={"all_reduce": 1})
         checks.assert_comm([mlp["backward"]], calls={"all_reduce": 1})
@@ -324,15 +329,12 @@ def test_megatron_mlp_matches_the_reference_with_one_all_reduce_each_way(results
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_sequence_parallel_mlp_same_gradients_same_bytes(results, n):
-    reference = models.build("mlp", seed=0, **MLP)
-    x = mlp_input().requires_grad_(True)
-    out = reference(x)
-    mlp_loss(out).backward()
+    out, x_grad = reference_mlp()
     for rank, r in enumerate(results[n]):
         sp, plain = r["mlp_sp"], r["mlp"]
         mine = slice(rank * MLP_SHAPE[1] // n, (rank + 1) * MLP_SHAPE[1] // n)
-        checks.assert_tensor_close(sp["out"], out.detach()[:, mine], f"SP MLP output on rank {rank}", **TOL)
-        checks.assert_tensor_close(sp["x_grad"], x.grad[:, mine], f"SP MLP input gradient on rank {rank}", **TOL)
+        checks.assert_tensor_close(sp["out"], out[:, mine], f"SP MLP output on rank {rank}", **TOL)
+        checks.assert_tensor_close(sp["x_grad"], x_grad[:, mine], f"SP MLP input gradient on rank {rank}", **TOL)
         checks.assert_gradients_match([sp["grads"]], sp["expected_grads"])
         for direction in ("forward", "backward"):
             assert sorted(c["op"] for c in sp[direction]) == ["all_gather", "reduce_scatter"]
