@@ -40,28 +40,20 @@ def call_dir(run_dir: Path, index: int) -> Path:
     return run_dir / f"call-{index}"
 
 
-def pid_file(rundir: Path, rank: int) -> Path:
-    return rundir / f"pid-{rank}"
+def _per_rank(pattern: str):
+    """The path of one rank's file in a run (or call) folder: ``pattern`` with the rank filled in."""
+    def path(rundir: Path, rank: int) -> Path:
+        return Path(rundir) / pattern.format(rank=rank)
+    path.__doc__ = f"``<rundir>/{pattern}``: see the table above."
+    return path
 
 
-def state_file(rundir: Path, rank: int) -> Path:
-    return rundir / f"state-{rank}.json"
-
-
-def out_file(rundir: Path, rank: int) -> Path:
-    return rundir / f"out-{rank}"
-
-
-def err_file(rundir: Path, rank: int) -> Path:
-    return rundir / f"err-{rank}"
-
-
-def result_file(rundir: Path, rank: int) -> Path:
-    return rundir / f"result-{rank}.pkl"
-
-
-def error_file(rundir: Path, rank: int) -> Path:
-    return rundir / f"error-{rank}.pkl"
+pid_file = _per_rank("pid-{rank}")
+state_file = _per_rank("state-{rank}.json")
+out_file = _per_rank("out-{rank}")
+err_file = _per_rank("err-{rank}")
+result_file = _per_rank("result-{rank}.pkl")
+error_file = _per_rank("error-{rank}.pkl")
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
-from distlab.runtime import processes
-from distlab.runtime import rundir as files
 from distlab.runtime.errors import LaunchError, RankError
+from distlab.runtime.launchers.agent import Agent
 from distlab.runtime.launchers.torchrun import agent_environment, exit_code_from_log, torchrun_command
 from distlab.runtime.watcher import Watcher, describe_exit, first_failure, tail
 
@@ -35,13 +33,8 @@ class LocalJob:
         self.run_dir, self.nprocs, self.timeout, self.pool = run_dir, nprocs, timeout, pool
         # Same machine: size threads from our cores (torchrun would otherwise set 1 and warn).
         threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
-        self.agent_log = open(run_dir / files.AGENT_LOG, "wb")
-        self.agent = subprocess.Popen(
-            torchrun_command(nprocs, run_dir, pool), env=agent_environment(run_dir, backend, threads), cwd=os.getcwd(),
-            stdin=subprocess.DEVNULL, stdout=self.agent_log, stderr=subprocess.STDOUT,
-            start_new_session=True,   # Ctrl-C in a terminal reaches us, not torchrun: we clean up
-            preexec_fn=processes.leash,  # dies with us; what the ranks leave behind stays below it
-        )
+        self.agent = Agent(torchrun_command(nprocs, run_dir, pool), agent_environment(run_dir, backend, threads),
+                           run_dir)
         self.watcher = Watcher(run_dir, nprocs, self.agent, self._explain_end, agent_pid=self.agent.pid,
                                ranks_here=True)
 
@@ -59,30 +52,14 @@ class LocalJob:
         ``gracefully`` defaults to whether the last call succeeded. Returns once every process
         the job started is gone (see :class:`~distlab.runtime.processes.ProcessTree`).
         """
-        self.watcher.remember_processes()   # before the ranks and torchrun leave
-        if self.watcher.succeeded if gracefully is None else gracefully:
-            if self.pool:  # idle pool ranks leave when they see this file
-                files.write_atomically(self.run_dir / files.STOP, b"")
-            try:  # the ranks are leaving by themselves; torchrun follows within its monitor interval
-                self.agent.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                pass
-        self.watcher.end()
-        try:
-            self.agent.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            pass
-        self.agent_log.close()
+        self.agent.end(self.watcher, self.watcher.succeeded if gracefully is None else gracefully, self.pool)
 
     def _explain_end(self, dead: list[int]) -> Exception:
         """A rank process vanished without a report, or torchrun itself stopped."""
-        try:  # torchrun notices a dead worker within its monitor interval and logs its exit code
-            self.agent.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass
+        self.agent.wait(2.0)   # torchrun notices a dead worker within its monitor interval and logs its exit code
         watcher = self.watcher
         watcher.echo.pump()
-        log = (self.run_dir / files.AGENT_LOG).read_text(errors="replace")
+        log = self.agent.output()
         if not watcher.workers:
             return LaunchError(f"torchrun exited with code {self.agent.returncode} before any rank "
                                f"started. Its output:\n{tail(log)}")

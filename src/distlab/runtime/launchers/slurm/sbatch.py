@@ -12,23 +12,8 @@ import re
 import time
 from pathlib import Path
 
+from distlab.runtime.launchers.slurm import commands, remote, script
 from distlab.runtime.launchers.slurm import config as slurm_config
-from distlab.runtime.launchers.slurm.commands import (
-    ACTIVE_STATES,
-    WHY_IT_ENDED,
-    SlurmJobError,
-    ranks_per_node,
-    slurm_command,
-)
-from distlab.runtime.launchers.slurm.remote import (
-    END_GRACE_SECONDS,
-    POLL_SECONDS,
-    explain_end,
-    remove_run_dir,
-    shared_run_dir,
-    show,
-)
-from distlab.runtime.launchers.slurm.script import job_script, minutes_for
 from distlab.runtime.launchers.torchrun import WORKER, worker_environment
 from distlab.runtime.watcher import Watcher
 
@@ -51,7 +36,7 @@ class QueuedJob:
 
     @property
     def active(self) -> bool:
-        return self.state in ACTIVE_STATES
+        return self.state in commands.ACTIVE_STATES
 
     def refresh(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -59,8 +44,8 @@ class QueuedJob:
             return
         self.asked = now
         try:
-            out = slurm_command(["scontrol", "--oneliner", "show", "job", self.job_id], timeout=15)
-        except SlurmJobError:
+            out = commands.slurm_command(["scontrol", "--oneliner", "show", "job", self.job_id], timeout=15)
+        except commands.SlurmJobError:
             return  # the controller is busy or down: keep the last state, ask again later
         if out.returncode != 0:
             if "Invalid job id" in out.stderr:  # finished long ago and forgotten by the controller
@@ -92,7 +77,7 @@ class QueuedJob:
     def poll(self) -> int | None:
         """None while the job is queued or running (or ended less than a moment ago)."""
         self.refresh()
-        if self.active or time.monotonic() - self.ended_at < END_GRACE_SECONDS:
+        if self.active or time.monotonic() - self.ended_at < remote.END_GRACE_SECONDS:
             return None
         return self.returncode
 
@@ -118,39 +103,39 @@ class SbatchJob:
         self.config = slurm_config.load()
         self.nprocs, self.timeout = nprocs, timeout
         self.nodes = self.config.nodes
-        self.nproc_per_node = ranks_per_node(nprocs, self.nodes)
-        self.run_dir = self.shared_dir = shared_run_dir(run_dir, self.config)
+        self.nproc_per_node = commands.ranks_per_node(nprocs, self.nodes)
+        self.run_dir = self.shared_dir = remote.shared_run_dir(run_dir, self.config)
         self.job_id = None
         self.output = self.shared_dir / "slurm-job.out"
         self.script = self.shared_dir / "job.sbatch"
         self.script.write_text(self._job_script(timeout, backend, threads))
         self.job_id = self._submit()
         self.agent = QueuedJob(self.job_id, self.config.poll_seconds,
-                               on_change=lambda job: show(f"job {job.job_id}: {job.describe()}"))
-        self.watcher = Watcher(self.shared_dir, nprocs, self.agent, self._explain_end, poll_seconds=POLL_SECONDS)
+                               on_change=lambda job: remote.show(f"job {job.job_id}: {job.describe()}"))
+        self.watcher = Watcher(self.shared_dir, nprocs, self.agent, self._explain_end, poll_seconds=remote.POLL_SECONDS)
 
     def _job_script(self, timeout: float, backend, threads: int | None) -> str:
         exports = worker_environment(backend, threads)  # the same variables the local ranks get
-        return job_script(self.config, nodes=self.nodes, nproc_per_node=self.nproc_per_node,
+        return script.job_script(self.config, nodes=self.nodes, nproc_per_node=self.nproc_per_node,
                           target=["--module", WORKER, str(self.shared_dir)],
-                          job_name="distlab", time_limit=self.config.time or minutes_for(timeout),
+                          job_name="distlab", time_limit=self.config.time or script.minutes_for(timeout),
                           output=str(self.output), exports=exports,
                           torchrun_extra=["--monitor-interval=0.5"])
 
     def _submit(self) -> str:
         try:
-            out = slurm_command(["sbatch", "--parsable", str(self.script)])
-        except SlurmJobError:
-            remove_run_dir(self.shared_dir, succeeded=True)  # nothing ran: nothing to look at
+            out = commands.slurm_command(["sbatch", "--parsable", str(self.script)])
+        except commands.SlurmJobError:
+            remote.remove_run_dir(self.shared_dir, succeeded=True)  # nothing ran: nothing to look at
             raise
         if out.returncode != 0:
-            remove_run_dir(self.shared_dir, succeeded=True)
-            raise SlurmJobError(f"sbatch refused the job: {out.stderr.strip() or out.stdout.strip()}\n"
+            remote.remove_run_dir(self.shared_dir, succeeded=True)
+            raise commands.SlurmJobError(f"sbatch refused the job: {out.stderr.strip() or out.stdout.strip()}\n"
                                 f"(settings from distlab.toml / DISTLAB_SLURM_*: account={self.config.account!r}, "
                                 f"partition={self.config.partition!r}, nodes={self.nodes}; "
                                 "`distlab-slurm config` shows where each comes from)")
         job_id = out.stdout.strip().split(";")[0]  # "12" or "12;cluster"
-        show(f"job {job_id} submitted: {self.nodes} node(s) x {self.nproc_per_node} rank(s); "
+        remote.show(f"job {job_id} submitted: {self.nodes} node(s) x {self.nproc_per_node} rank(s); "
              f"output in {self.shared_dir}")
         return job_id
 
@@ -166,7 +151,7 @@ class SbatchJob:
         self.agent.refresh(force=True)
         while self.agent.state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD"):
             if limit and time.monotonic() - queued > limit:
-                raise SlurmJobError(
+                raise commands.SlurmJobError(
                     f"job {self.job_id} waited {limit:g} s in the queue ({self.agent.describe()}) and "
                     "was cancelled. Raise `queue_timeout` in distlab.toml, or pick a less busy "
                     "partition (`sinfo` shows them).", self.job_id, "PENDING")
@@ -177,9 +162,9 @@ class SbatchJob:
         self.watcher.echo.pump()
         log = self.output.read_text(errors="replace") if self.output.exists() else ""
         what = f"Slurm job {self.job_id}"
-        if self.agent.state not in WHY_IT_ENDED:
+        if self.agent.state not in commands.WHY_IT_ENDED:
             what += f" (state {self.agent.state}, exit code {self.agent.exit_code})"
-        return explain_end(self.watcher, what, self.agent.state, log, f"the job's output {self.output}", self.job_id)
+        return remote.explain_end(self.watcher, what, self.agent.state, log, f"the job's output {self.output}", self.job_id)
 
     def stop(self, gracefully: bool | None = None) -> None:
         """Cancel the job unless it is already over; show how it ended."""
@@ -188,7 +173,7 @@ class SbatchJob:
                 self._end_job(self.watcher.succeeded if gracefully is None else gracefully)
             self.watcher.end()
         finally:
-            remove_run_dir(self.shared_dir, self.watcher.succeeded)
+            remote.remove_run_dir(self.shared_dir, self.watcher.succeeded)
 
     def _end_job(self, graceful: bool, seconds: float = 10.0) -> None:
         deadline = time.monotonic() + seconds
@@ -198,9 +183,9 @@ class SbatchJob:
                 self.agent.refresh(force=True)
         if self.agent.active:
             try:
-                slurm_command(["scancel", "--quiet", self.job_id], timeout=15)
-            except SlurmJobError as exc:
-                show(f"could not cancel job {self.job_id}: {exc}; run `scancel {self.job_id}`")
+                commands.slurm_command(["scancel", "--quiet", self.job_id], timeout=15)
+            except commands.SlurmJobError as exc:
+                remote.show(f"could not cancel job {self.job_id}: {exc}; run `scancel {self.job_id}`")
                 return
             while self.agent.active and time.monotonic() < deadline:
                 time.sleep(0.2)

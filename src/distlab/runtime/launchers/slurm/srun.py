@@ -10,32 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from distlab.runtime import processes
 from distlab.runtime import rundir as files
+from distlab.runtime.launchers.agent import Agent
+from distlab.runtime.launchers.slurm import commands, remote, script
 from distlab.runtime.launchers.slurm import config as slurm_config
-from distlab.runtime.launchers.slurm.commands import (
-    SlurmJobError,
-    cpus_per_node,
-    node_names,
-    pick_port,
-    ranks_per_node,
-    rendezvous_host,
-    slurm_command,
-)
-from distlab.runtime.launchers.slurm.remote import (
-    END_GRACE_SECONDS,
-    POLL_SECONDS,
-    explain_end,
-    remove_run_dir,
-    shared_run_dir,
-    state_from_step_log,
-)
-from distlab.runtime.launchers.slurm.script import srun_command, torchrun_on_each_node
 from distlab.runtime.launchers.torchrun import WORKER, agent_environment
 from distlab.runtime.watcher import Watcher
 
@@ -51,29 +33,26 @@ class SrunJob:
         if not self.job_id:
             raise ValueError("launcher='srun' needs a Slurm allocation (salloc, or a notebook started "
                              "as a Slurm job); from a login node use launcher='sbatch'")
-        hosts = node_names(os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", ""))
+        hosts = commands.node_names(os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", ""))
         self.hosts = hosts[:min(len(hosts), nprocs)]  # 2 ranks in a 4-node allocation: 2 nodes
-        self.nproc_per_node = ranks_per_node(nprocs, len(self.hosts))
-        self.endpoint = f"{rendezvous_host(self.hosts[0], self.config.hostname_suffix)}:{pick_port(self.hosts[0])}"
-        self.cpus = cpus_per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
-        self.run_dir = self.shared_dir = shared_run_dir(run_dir, self.config)
+        self.nproc_per_node = commands.ranks_per_node(nprocs, len(self.hosts))
+        first = self.hosts[0]
+        self.endpoint = f"{commands.rendezvous_host(first, self.config.hostname_suffix)}:{commands.pick_port(first)}"
+        self.cpus = commands.cpus_per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+        self.run_dir = self.shared_dir = remote.shared_run_dir(run_dir, self.config)
         self.step_name = f"distlab-{self.shared_dir.name}"
-        self.agent_log = open(self.shared_dir / files.AGENT_LOG, "wb")
-        self.agent = subprocess.Popen(
-            self.command(), env=agent_environment(self.shared_dir, backend, threads), cwd=os.getcwd(),
-            stdin=subprocess.DEVNULL, stdout=self.agent_log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=processes.leash)
+        self.agent = Agent(self.command(), agent_environment(self.shared_dir, backend, threads), self.shared_dir)
         # The ranks run on the allocation's nodes: only srun itself is a process of ours here.
         self.watcher = Watcher(self.shared_dir, nprocs, self.agent, self._explain_end,
-                               agent_pid=self.agent.pid, poll_seconds=POLL_SECONDS)
+                               agent_pid=self.agent.pid, poll_seconds=remote.POLL_SECONDS)
 
     def command(self) -> list[str]:
         """``srun [one task per node] bash -c 'exec python -m torch.distributed.run ...'``."""
         target = ["--max-restarts=0", "--monitor-interval=0.05", "--module", WORKER, str(self.shared_dir)]
         python = self.config.python or sys.executable   # the notebook runs inside the allocation
-        line = torchrun_on_each_node(python, str(len(self.hosts)), self.nproc_per_node, self.endpoint,
+        line = script.torchrun_on_each_node(python, str(len(self.hosts)), self.nproc_per_node, self.endpoint,
                                      self.step_name, target + (["--pool"] if self.pool else []))
-        return srun_command(self.hosts, self.step_name, line, self.cpus)
+        return script.srun_command(self.hosts, self.step_name, line, self.cpus)
 
     def wait(self, call_dir: Path | None = None, timeout: float | None = None) -> list:
         """Watch the call. A :class:`~distlab.Pool` writes each call into its own folder on this
@@ -96,52 +75,36 @@ class SrunJob:
 
     def _explain_end(self, dead: list[int]) -> Exception:
         """srun exited before every rank delivered: say why, from its output."""
-        try:  # the last lines may still be on their way
-            self.agent.wait(timeout=END_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            pass
-        time.sleep(END_GRACE_SECONDS if self.agent.returncode == 0 else 0.2)
+        self.agent.wait(remote.END_GRACE_SECONDS)   # the last lines may still be on their way
+        time.sleep(remote.END_GRACE_SECONDS if self.agent.returncode == 0 else 0.2)
         self.watcher.echo.pump()
-        log = (self.shared_dir / files.AGENT_LOG).read_text(errors="replace")
-        state = state_from_step_log(log)
+        log = self.agent.output()
+        state = remote.state_from_step_log(log)
         what = f"the srun step {self.step_name!r} of job {self.job_id}"
         if state is None:
             what += f" (srun exit code {self.agent.returncode})"
-        return explain_end(self.watcher, what, state, log, "srun's output", self.job_id)
+        return remote.explain_end(self.watcher, what, state, log, "srun's output", self.job_id)
 
     def stop(self, gracefully: bool | None = None) -> None:
         """Cancel our step in Slurm (the ranks on every node) unless it ended well, then end srun."""
         graceful = self.watcher.succeeded if gracefully is None else gracefully
-        self.watcher.remember_processes()   # srun's own helpers, before srun leaves
         try:
-            if graceful:
-                if self.pool:  # idle pool ranks leave when they see this file
-                    files.write_atomically(self.shared_dir / files.STOP, b"")
-                try:
-                    self.agent.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    pass
-            else:
+            if not graceful:
                 self._cancel_step()
-            self.watcher.end()
-            try:
-                self.agent.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                pass
-            self.agent_log.close()
+            self.agent.end(self.watcher, graceful, self.pool)
         finally:
-            remove_run_dir(self.shared_dir, self.watcher.succeeded)
+            remote.remove_run_dir(self.shared_dir, self.watcher.succeeded)
 
     def _cancel_step(self) -> None:
         try:
-            out = slurm_command(["squeue", "--steps", f"--jobs={self.job_id}", "--noheader",
+            out = commands.slurm_command(["squeue", "--steps", f"--jobs={self.job_id}", "--noheader",
                                  "--format=%i %j"], timeout=10)
-        except SlurmJobError:
+        except commands.SlurmJobError:
             return  # srun's own end (below) still ends the step
         for line in out.stdout.splitlines():
             step_id, _, name = line.strip().partition(" ")
             if name == self.step_name:
                 try:
-                    slurm_command(["scancel", "--quiet", step_id], timeout=10)
-                except SlurmJobError:
+                    commands.slurm_command(["scancel", "--quiet", step_id], timeout=10)
+                except commands.SlurmJobError:
                     pass

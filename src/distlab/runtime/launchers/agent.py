@@ -1,0 +1,64 @@
+"""The agent: the one process on this machine that starts the ranks (torchrun here, srun in an allocation).
+
+Both launchers that run a process here start it the same way, watch it the same way, and end
+it the same way; only the command differs. The agent runs in a session of its own (Ctrl-C in a
+terminal reaches us, not it: we clean up), dies with us, and adopts what its ranks leave behind
+(:func:`distlab.runtime.processes.leash`). What it prints goes to ``agent.log`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from distlab.runtime import processes
+from distlab.runtime import rundir as files
+
+
+class Agent:
+    """A launcher's agent process and its log."""
+
+    def __init__(self, command: list[str], env: dict[str, str], run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.log = open(self.run_dir / files.AGENT_LOG, "wb")
+        self.process = subprocess.Popen(
+            command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=self.log,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=processes.leash)
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        """``None`` while it runs (what the watcher asks of every agent)."""
+        return self.process.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for it to end; True if it has."""
+        try:
+            self.process.wait(timeout=seconds)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def output(self) -> str:
+        """Everything it has printed so far."""
+        return (self.run_dir / files.AGENT_LOG).read_text(errors="replace")
+
+    def end(self, watcher, gracefully: bool, pool: bool) -> None:
+        """End the agent and every process of the job; return once they are all gone.
+
+        Gracefully (after a success), the ranks leave by themselves first: a pool's idle ranks
+        when they see the ``stop`` file, a single run's ranks right after their call. Otherwise,
+        or when they do not leave, everything is ended at once.
+        """
+        watcher.remember_processes()       # before the ranks and the agent leave
+        if gracefully:
+            if pool:
+                files.write_atomically(self.run_dir / files.STOP, b"")
+            self.wait(2.0)                 # torchrun follows its ranks within its monitor interval
+        watcher.end()
+        self.wait(5.0)
+        self.log.close()
