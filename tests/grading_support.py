@@ -220,6 +220,32 @@ def assert_wrong_answers_lose_only_their_tasks(root: Path, slug: str, answers: d
         assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
 
 
+def wrong_answers_test(slug: str, wrong_answers: dict, caught: dict, reasons=()):
+    """A slow test of ``slug``'s grading: plausible wrong answers lose their own tasks and nothing else.
+
+    ``wrong_answers``: ``{answer grade id: code}``, or ``{answer grade id: (old, new)}`` for the
+    solution's code with ``old`` replaced by ``new`` (``old`` must still be in the solution);
+    ``caught`` and ``reasons``: see :func:`assert_wrong_answers_lose_only_their_tasks`.
+    """
+    import pytest
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(900)
+    def test(tmp_path):
+        solution = solution_answers(slug)
+        answers = dict(solution)
+        for cell, change in wrong_answers.items():
+            if isinstance(change, tuple):
+                old, new = change
+                assert old in solution[cell], f"the solution's {cell} changed: update this test"
+                answers[cell] = solution[cell].replace(old, new)
+            else:
+                answers[cell] = change
+        assert_wrong_answers_lose_only_their_tasks(tmp_path, slug, answers, caught, reasons)
+
+    return test
+
+
 def try_each(attempts: dict) -> dict:
     """Call each of ``{name: call}`` (on a rank, with APIs forbidden); ``{name: verdict}`` where the
     verdict is ``"allowed"``, ``"ForbiddenError"``, or another error's type and message."""

@@ -8,7 +8,6 @@ over every folder of solutions/, this one included.
 from __future__ import annotations
 
 import grading_support as gs
-import pytest
 
 import distlab
 
@@ -64,9 +63,6 @@ def batch_sampler_shard(num_samples, global_batch_size, epoch, seed, rank, world
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_sampler_without_padding_and_strided_slices_score_zero(tmp_path):
-    answers = {**gs.solution_answers(SLUG), "task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES}
-    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
-        "task1-tests": "a sampler without padding", "task2-tests": "strided slices"})
+test_a_sampler_without_padding_and_strided_slices_score_zero = gs.wrong_answers_test(
+    SLUG, {"task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES},
+    {"task1-tests": "a sampler without padding", "task2-tests": "strided slices"})

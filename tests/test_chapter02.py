@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import grading_support as gs
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -83,9 +82,6 @@ def ring_reduce_scatter(tensor):
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_naive_all_reduce_and_a_disguised_builtin_score_zero(tmp_path):
-    answers = {**gs.solution_answers(SLUG), "task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE}
-    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
-        "task1-tests": "the built-in reduce-scatter", "task3-tests": "the naive all-reduce (by the byte count)"})
+test_a_naive_all_reduce_and_a_disguised_builtin_score_zero = gs.wrong_answers_test(
+    SLUG, {"task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE},
+    {"task1-tests": "the built-in reduce-scatter", "task3-tests": "the naive all-reduce (by the byte count)"})

@@ -7,7 +7,6 @@ bound) run for every assignment in tests/test_grading.py; here are the chapter's
 from __future__ import annotations
 
 import grading_support as gs
-import pytest
 
 import distlab
 
@@ -110,11 +109,8 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn):
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    answers = {**gs.solution_answers(SLUG), "task1-answer": NO_BROADCAST,
-               "task2-answer": BLOCKING_AFTER_BACKWARD, "task3-answer": SYNC_EVERY_MICRO_STEP}
-    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
-        "task1-tests": "a missing broadcast", "task2-tests": "all-reduces after backward (no overlap)",
-        "task3-tests": "communicating on every micro-step"})
+test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
+    SLUG, {"task1-answer": NO_BROADCAST, "task2-answer": BLOCKING_AFTER_BACKWARD,
+           "task3-answer": SYNC_EVERY_MICRO_STEP},
+    {"task1-tests": "a missing broadcast", "task2-tests": "all-reduces after backward (no overlap)",
+     "task3-tests": "communicating on every micro-step"})

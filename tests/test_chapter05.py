@@ -29,7 +29,6 @@ student's Python code makes comes from a torch function or tensor method anyway.
 from __future__ import annotations
 
 import grading_support as gs
-import pytest
 
 import distlab
 
@@ -143,22 +142,25 @@ BIAS_BEFORE_THE_SUM = (  # the solution's row-parallel forward, with the bias ad
     "        partial = F.linear(x, self.weight)\n        return reduce_from_region(partial) + self.bias\n",
     "        return reduce_from_region(F.linear(x, self.weight, self.bias))   # N biases summed\n")
 
-GATHERED_HIDDEN = '''
-class GatherHidden(torch.autograd.Function):
-    """All-gather along the features forward; this rank's slice of the gradient backward."""
+GATHER_LAST_DIMENSION = '''
+class {name}(torch.autograd.Function):
+    """All-gather along the {what} forward; this rank's slice of the gradient backward."""
 
     @staticmethod
-    def forward(ctx, h):
+    def forward(ctx, t):
         size, rank = world()
-        parts = [torch.empty_like(h) for _ in range(size)]
-        dist.all_gather(parts, h.contiguous())
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.contiguous())
         return torch.cat(parts, dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
         size, rank = world()
         return grad.chunk(size, dim=-1)[rank].contiguous()
+'''
+"""An autograd function the two wrong answers below write for themselves (one per answer cell)."""
 
+GATHERED_HIDDEN = GATHER_LAST_DIMENSION.format(name="GatherHidden", what="features") + '''
 
 class ParallelMLPBlock(nn.Module):
     """Right numbers, but the hidden activation is all-gathered before fc2 takes its slice of it."""
@@ -180,22 +182,7 @@ class ParallelMLPBlock(nn.Module):
         return x + reduce_from_region(partial) + self.fc2.bias
 '''
 
-GATHERED_LOGITS = '''
-class GatherVocab(torch.autograd.Function):
-    """All-gather along the vocabulary forward; this rank's slice of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, z):
-        size, rank = world()
-        parts = [torch.empty_like(z) for _ in range(size)]
-        dist.all_gather(parts, z.contiguous())
-        return torch.cat(parts, dim=-1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        size, rank = world()
-        return grad.chunk(size, dim=-1)[rank].contiguous()
-
+GATHERED_LOGITS = GATHER_LAST_DIMENSION.format(name="GatherVocab", what="vocabulary") + '''
 
 def vocab_parallel_cross_entropy(local_logits, targets):
     """Right loss and gradients, but every rank holds the full logits."""
@@ -205,17 +192,10 @@ def vocab_parallel_cross_entropy(local_logits, targets):
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    solution = gs.solution_answers(SLUG)
-    old, new = BIAS_BEFORE_THE_SUM
-    assert old in solution["task1-answer"], "the solution's row-parallel forward changed: update this test"
-    answers = {**solution, "task1-answer": solution["task1-answer"].replace(old, new),
-               "task2-answer": GATHERED_HIDDEN, "task3-answer": GATHERED_LOGITS}
-    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
-        "task1-tests": "a row-parallel layer adding its bias on every rank",
-        "task2-tests": "an MLP block that all-gathers its hidden activation",
-        "task3-tests": "a cross-entropy that gathers the full logits",
-    }, reasons=("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
-                "exactly one all_reduce forward per block", "as large as the full logits"))
+test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
+    SLUG, {"task1-answer": BIAS_BEFORE_THE_SUM, "task2-answer": GATHERED_HIDDEN, "task3-answer": GATHERED_LOGITS},
+    {"task1-tests": "a row-parallel layer adding its bias on every rank",
+     "task2-tests": "an MLP block that all-gathers its hidden activation",
+     "task3-tests": "a cross-entropy that gathers the full logits"},
+    reasons=("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
+             "exactly one all_reduce forward per block", "as large as the full logits"))

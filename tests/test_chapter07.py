@@ -36,7 +36,6 @@ blank release 18-32 s and 29 s of CPU; the slow test below about 80 s.
 from __future__ import annotations
 
 import grading_support as gs
-import pytest
 
 SLUG = "07-3d-parallelism"
 
@@ -157,19 +156,11 @@ NO_MICRO_BATCHES_IN_FLIGHT = (  # the solution's activations, as if a stage held
     "in_flight = min(micro_batches, pp)", "in_flight = 1")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
-    solution = gs.solution_answers(SLUG)
-    answers = dict(solution)
-    for grade_id, (old, new) in (("task1-answer", DP_FASTEST), ("task2-answer", WORLD_AVERAGE),
-                                 ("task3-answer", NO_MICRO_BATCHES_IN_FLIGHT)):
-        assert old in solution[grade_id], f"the solution's {grade_id} changed: update this test"
-        answers[grade_id] = solution[grade_id].replace(old, new)
-    # the choice keeps its points: with pp = 1 the missing factor changes nothing
-    gs.assert_wrong_answers_lose_only_their_tasks(tmp_path, SLUG, answers, {
-        "task1-tests": "a grid with dp the fastest-varying coordinate",
-        "task2-tests": "gradients averaged over the whole world",
-        "task3-tests": "a memory formula without the micro-batches in flight",
-    }, reasons=("with tp the fastest-varying", "made all_reduce over a group of 4 ranks; average over the rank",
-                "off by more than 0.1%"))
+# The choice keeps its points: with pp = 1 the missing factor changes nothing.
+test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
+    SLUG, {"task1-answer": DP_FASTEST, "task2-answer": WORLD_AVERAGE, "task3-answer": NO_MICRO_BATCHES_IN_FLIGHT},
+    {"task1-tests": "a grid with dp the fastest-varying coordinate",
+     "task2-tests": "gradients averaged over the whole world",
+     "task3-tests": "a memory formula without the micro-batches in flight"},
+    reasons=("with tp the fastest-varying", "made all_reduce over a group of 4 ranks; average over the rank",
+             "off by more than 0.1%"))

@@ -152,26 +152,23 @@ def test_a_raising_rank_becomes_rank_error_quickly_and_stops_the_others():
     assert "rank 1 raised ValueError" in str(err)
 
 
-def test_sys_exit_and_os_exit_in_a_rank_are_rank_errors():
-    def sys_exit():
-        if dist.get_rank() == 0:
+def _leave(how, rank):
+    if dist.get_rank() == rank:
+        if how == "sys.exit":
             sys.exit(4)
-        dist.barrier()
+        os._exit(3)
+    dist.barrier()
 
+
+@pytest.mark.parametrize("how, rank, kind, says", [
+    ("sys.exit", 0, "SystemExit", "sys.exit(4)"),
+    ("os._exit", 1, "ProcessExited", "exited with code 3"),
+])
+def test_sys_exit_and_os_exit_in_a_rank_are_rank_errors(how, rank, kind, says):
     with pytest.raises(RankError) as info:
-        distlab.run(sys_exit, nprocs=2, timeout=60)
-    assert info.value.rank == 0 and info.value.exc_type == "SystemExit"
-    assert "sys.exit(4)" in str(info.value)
-
-    def hard_exit():
-        if dist.get_rank() == 1:
-            os._exit(3)
-        dist.barrier()
-
-    with pytest.raises(RankError) as info:
-        distlab.run(hard_exit, nprocs=2, timeout=60)
-    assert info.value.rank == 1 and info.value.exc_type == "ProcessExited"
-    assert "exited with code 3" in str(info.value)
+        distlab.run(_leave, how, rank, nprocs=2, timeout=60)
+    assert info.value.rank == rank and info.value.exc_type == kind
+    assert says in str(info.value)
 
 
 def _start_detached_children(marker, die):
