@@ -36,6 +36,11 @@ def try_forbidden(forbidden):
     verdicts = try_each({
         "distlab.zero": lambda: __import__("distlab.zero").zero.flat,
         "import a module of distlab.zero": lambda: __import__("importlib").import_module("distlab.zero.flat").FlatUnit,
+        "ZeRO-1/2, the sharded optimizer": lambda: __import__("importlib").import_module(
+            "distlab.zero.optimizer").ShardedOptimizer,
+        "ZeRO-3, the fully sharded model": lambda: __import__("importlib").import_module(
+            "distlab.zero.fully_shard").FullyShardedModel,
+        "the stages side by side": lambda: __import__("importlib").import_module("distlab.zero.stages").build,
         "the formulas, held by chapter 7's planner": lambda: __import__(
             "importlib").import_module("distlab.parallel3d.planner").model_state_theory(10, 2, 1),
         "fully_shard": lambda: __import__("torch.distributed.fsdp").distributed.fsdp.fully_shard(torch.nn.Linear(2, 2)),

@@ -84,14 +84,42 @@ def ranks_needed(num_params: float, capacity_bytes: float, stage: int, precision
     return max(1, -(-shrinking // (capacity_bytes - fixed)))
 
 
-def comm_bytes_per_step(stage: int, numel: int, world: int, element_size: int = 4) -> float:
+COLLECTIVES = {
+    0: {"all_reduce": 1},
+    1: {"reduce_scatter": 1, "all_gather": 1},
+    2: {"reduce_scatter": 1, "all_gather": 1},
+    3: {"reduce_scatter": 1, "all_gather": 2},
+}
+"""The collectives of one training step by stage, each over all the parameters once.
+
+ZeRO-1 and 2 reduce-scatter the gradients and all-gather the updated slices; ZeRO-3 all-gathers
+the weights twice, for forward and again for backward."""
+
+BESIDE_DDP = {"all_reduce": 1, "all_gather": 1}
+"""ZeRO-1 as an optimizer next to an unchanged DDP (torch's ``ZeroRedundancyOptimizer``,
+:class:`distlab.zero.optimizer.ShardedOptimizer` by default): DDP's all-reduce, then the
+all-gather of the updated slices."""
+
+ROUNDS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+"""What each collective sends per rank, in units of ``(N-1)/N S`` (chapter 2's ring algorithms)."""
+
+
+def collective_bytes(op: str, numel: int, world: int, element_size: int = 4) -> float:
+    """Bytes each rank sends in one ``op`` over ``numel`` elements: ``ROUNDS[op] (N-1)/N S``."""
+    return ROUNDS[op] * (world - 1) / world * numel * element_size
+
+
+def comm_bytes_per_step(stage: int, numel: int, world: int, element_size: int = 4, beside_ddp: bool = False) -> float:
     """Bytes each rank sends per training step, by the standard bandwidth-optimal algorithms.
 
     ``S = numel * element_size`` bytes of parameters (for ZeRO, padded per unit). DDP: one
     all-reduce, ``2 (N-1)/N S``. ZeRO-1 and 2: a reduce-scatter and an all-gather, ``(N-1)/N S``
     each: the same total. ZeRO-3: an all-gather for forward, another for backward and a
-    reduce-scatter, ``3 (N-1)/N S``: 1.5 times DDP.
+    reduce-scatter, ``3 (N-1)/N S``: 1.5 times DDP. ZeRO-1 ``beside_ddp``: DDP's all-reduce and
+    an all-gather, ``3 (N-1)/N S`` too: sharding only the optimizer, and leaving DDP as it is,
+    costs half an all-reduce more than reduce-scattering instead.
     """
-    size = numel * element_size
-    rounds = {0: 2, 1: 2, 2: 2, 3: 3}[stage]
-    return rounds * (world - 1) / world * size
+    if beside_ddp and stage != 1:
+        raise ValueError("beside_ddp describes ZeRO-1 (a sharded optimizer next to DDP); stage must be 1")
+    collectives = BESIDE_DDP if beside_ddp else COLLECTIVES[stage]
+    return sum(count * collective_bytes(op, numel, world, element_size) for op, count in collectives.items())
