@@ -49,3 +49,14 @@ def test_largest_tensor_made_catches_full_logits():
     with memory.largest_tensor_made() as largest:
         models.loss_fn(model, (inputs, targets))
     assert largest.shape[-1] == model.cfg.vocab_size and largest.bytes >= inputs.numel() * model.cfg.vocab_size * 4
+
+
+def test_peak_allocated_logs_nothing_of_its_own_and_keeps_what_the_block_writes(capfd):
+    import os
+
+    with memory.peak_allocated() as peak:
+        torch.ones(1000)
+        os.write(2, b"the block's own line\n")
+    err = capfd.readouterr().err
+    assert peak.bytes >= 4000
+    assert err == "the block's own line\n", err      # no "USDT: profiler_start" from the profiler's C++ side

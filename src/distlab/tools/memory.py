@@ -146,8 +146,14 @@ def peak_allocated(device: str | None = None):
     else:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            yield result
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _c_stderr_silenced():      # the profiler's C++ side logs its own start ("USDT: profiler_start")
+            prof.start()
+        try:
+            yield result                # what the measured code writes is not touched
+        finally:
+            with _c_stderr_silenced():
+                prof.stop()
         events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
         level = peak = 0
@@ -156,6 +162,24 @@ def peak_allocated(device: str | None = None):
             peak = max(peak, level)
         result.bytes = peak
     result.seconds = time.perf_counter() - start
+
+
+@contextmanager
+def _c_stderr_silenced():
+    """File descriptor 2 goes to /dev/null inside the block (C++ logs bypass Python's ``sys.stderr``)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 @contextmanager
