@@ -8,7 +8,7 @@ ANSWERS = {"task1-answer": '''import distlab, distlab.runtime.run
 def _fake_run(fn, *args, nprocs=2, **kwargs):
     return list(range(nprocs))
 
-distlab.run = distlab.run = _fake_run
+distlab.run = distlab.runtime.run.run = _fake_run
 
 def my_rank():
     return 0
