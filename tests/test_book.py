@@ -451,3 +451,12 @@ def test_screenshots_of_the_first_page_of_each_part(built_book, site, browser):
         assert title.strip(), f"{docname} has no title"
         browser.screenshot(ARTIFACTS / f"{name}.png")
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
+
+
+def test_show_lists_the_source_itself_and_a_method_from_its_def():
+    from distlab.figures.listing import show
+    from distlab.zero.fully_shard import FullyShardedModel
+
+    text = show(FullyShardedModel.gather).data
+    assert text.startswith("```python\ndef gather(self, index: int) -> None:\n") and text.endswith("```")
+    assert "all_gather_parameters(self.shards[index], buffer)" in text

@@ -7,13 +7,17 @@ package runs, so the text and the code cannot drift apart.
 from __future__ import annotations
 
 import inspect
+import textwrap
 
 FENCE = "`" * 3
 
 
 def show(*objects):
-    """The source of functions, classes or methods, as one highlighted Python block (IPython Markdown)."""
+    """The source of functions, classes or methods, as one highlighted Python block (IPython Markdown).
+
+    A method is shown from its ``def``, without its class's indentation.
+    """
     from IPython.display import Markdown
 
-    code = "\n\n".join(inspect.getsource(o) for o in objects)
+    code = "\n\n".join(textwrap.dedent(inspect.getsource(o)) for o in objects)
     return Markdown(f"{FENCE}python\n{code}{FENCE}")
