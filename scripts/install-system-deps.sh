@@ -7,8 +7,8 @@ PACKAGES=(
   # runs Debian's slurmctld + two slurmd (slurm-wlm) authenticated by munge.
   slurm-wlm
   munge
-  # tests/test_book.py: the built book is read in headless Chromium (tests/book_browser.py
-  # drives it over the DevTools protocol; no browser download, no driver needed).
+  # tests/test_book.py: the built book is read in headless Chromium, driven by Playwright
+  # through executable_path (tests/book_browser.py); Playwright never downloads a browser here.
   chromium
 )
 missing=()

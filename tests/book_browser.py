@@ -1,40 +1,40 @@
-"""A static web server and a headless Chromium, driven over the DevTools protocol.
+"""A static web server and a headless Chromium driven by Playwright.
 
 Used by ``tests/test_book.py`` to look at the built book the way a reader's browser does.
-No browser-automation package is needed: Debian's ``chromium`` speaks the Chrome DevTools
-Protocol (CDP) over a WebSocket, and ``websocket-client`` (already in the environment, via
-jupyter_server) is enough to talk to it.
+Playwright (Python) drives Debian's ``chromium`` through ``executable_path``; it never
+downloads a browser of its own (``playwright install`` would, and fails offline).
 
     with serve_directory(site_dir, "/book/") as base_url, Browser() as browser:
-        page = browser.open(base_url + "index.html")   # waits for the load event
-        assert not page.errors                         # console errors, failed requests
+        report = browser.open(base_url + "index.html")   # waits for the load event
+        assert not report.errors                         # console errors, failed requests
+        browser.resize(390)                              # a phone
         browser.screenshot("index.png")
+        browser.page.locator("button.primary-toggle:visible").click()  # Playwright itself
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import http.server
-import json
 import shutil
-import subprocess
-import tempfile
+import sys
 import threading
 import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import websocket
+from playwright.sync_api import sync_playwright
 
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-    "--disable-default-apps", "--hide-scrollbars", "--mute-audio",
-]
+# The widths a reader's window has: a phone, a tablet (or half a laptop screen), a desktop.
+WIDTHS = {"phone": 390, "tablet": 820, "desktop": 1280}
+
+# Chromium, as root and offline: no sandbox (root), no GPU, and none of the background
+# connections to Google's services that this machine's closed network refuses.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-default-apps", "--mute-audio"]
 
 
 def find_chromium() -> str:
@@ -79,7 +79,7 @@ def serve_directory(directory: Path, prefix: str):
     handler = functools.partial(
         type("Handler", (_SubPathHandler,), {"prefix": prefix, "requests": requests}),
         directory=str(directory))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -89,6 +89,14 @@ def serve_directory(directory: Path, prefix: str):
         server.server_close()
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """A browser that leaves a page hangs up on requests in flight; that is no error."""
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class _BaseURL(str):
     def __new__(cls, url, requests):
         self = super().__new__(cls, url)
@@ -96,11 +104,11 @@ class _BaseURL(str):
         return self
 
 
-# --- Chromium over the DevTools protocol ---------------------------------------------------
+# --- Chromium through Playwright ---------------------------------------------------------------
 
 @dataclass
-class Page:
-    """What happened while one URL loaded."""
+class PageReport:
+    """What happened while one URL loaded (and until the next ``open``)."""
 
     url: str
     errors: list[str] = field(default_factory=list)
@@ -110,134 +118,70 @@ class Page:
 def _is_implicit_favicon(url: str) -> bool:
     """Chromium asks every host for /favicon.ico by itself; a site under a sub-path
     cannot answer that, and no page asked for it."""
-    parts = urllib.parse.urlsplit(url)
-    return parts.path == "/favicon.ico"
+    return urllib.parse.urlsplit(url).path == "/favicon.ico"
 
 
 class Browser:
-    """One headless Chromium with one tab; ``open`` a URL, ``evaluate`` JavaScript in it."""
+    """One headless Chromium with one tab (``self.page``, a Playwright page).
 
-    def __init__(self, width: int = 1280, height: int = 900, timeout: float = 30.0):
-        self.timeout = timeout
-        self.profile = Path(tempfile.mkdtemp(prefix="distlab-chromium-"))
-        self.process = subprocess.Popen(
-            [find_chromium(), *CHROMIUM_FLAGS, f"--window-size={width},{height}",
-             "--remote-debugging-port=0", f"--user-data-dir={self.profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ``open`` a URL and get a report of its errors and requests; ``evaluate`` JavaScript;
+    ``resize`` the window to a reader's width; ``screenshot``.
+    """
+
+    def __init__(self, width: int = WIDTHS["desktop"], height: int = 900, timeout: float = 30.0):
+        self.timeout_ms = timeout * 1000
+        self._playwright = sync_playwright().start()
         try:
-            port = self._wait_for_port()
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
-                targets = json.load(r)
-            tab = next(t for t in targets if t["type"] == "page")
-            self.ws = websocket.create_connection(tab["webSocketDebuggerUrl"], timeout=timeout,
-                                                  suppress_origin=True)
-            self._next_id = 0
-            self._events: list[dict] = []
-            for domain in ("Page", "Runtime", "Log", "Network"):
-                self.send(f"{domain}.enable")
+            self._chromium = self._playwright.chromium.launch(
+                executable_path=find_chromium(), headless=True, args=CHROMIUM_ARGS)
+            self.page = self._chromium.new_page(viewport={"width": width, "height": height})
         except BaseException:
-            self.close()
+            self._playwright.stop()
             raise
+        self.page.set_default_timeout(self.timeout_ms)
+        self._report = PageReport("about:blank")
+        self.page.on("console", self._on_console)
+        self.page.on("pageerror", lambda error: self._report.errors.append(f"uncaught exception: {error}"))
+        self.page.on("request", self._on_request)
+        self.page.on("response", self._on_response)
+        self.page.on("requestfailed", self._on_request_failed)
 
-    def _wait_for_port(self) -> int:
-        """Chromium writes the port it picked into DevToolsActivePort in its profile."""
-        marker = self.profile / "DevToolsActivePort"
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"chromium exited with code {self.process.returncode}")
-            if marker.exists() and marker.read_text().strip():
-                return int(marker.read_text().split()[0])
-            time.sleep(0.05)
-        raise TimeoutError("chromium did not open its DevTools port")
+    def _on_console(self, message) -> None:
+        if message.type in ("error", "assert"):
+            self._report.errors.append(f"console.{message.type}: {message.text}")
 
-    def send(self, method: str, **params):
-        """Call a DevTools method and return its result; events that arrive are kept."""
-        self._next_id += 1
-        call_id = self._next_id
-        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.ws.recv())
-            if message.get("id") == call_id:
-                if "error" in message:
-                    raise RuntimeError(f"{method}: {message['error']}")
-                return message.get("result", {})
-            self._events.append(message)
+    def _on_request(self, request) -> None:
+        if not _is_implicit_favicon(request.url):
+            self._report.requests.append(request.url)
 
-    def _wait_for_event(self, method: str, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, event in enumerate(self._events):
-                if event.get("method") == method:
-                    return self._events.pop(i)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no {method} within {timeout} s")
-            self.ws.settimeout(remaining)
-            try:
-                self._events.append(json.loads(self.ws.recv()))
-            except websocket.WebSocketTimeoutException:
-                continue
-            finally:
-                self.ws.settimeout(self.timeout)
+    def _on_response(self, response) -> None:
+        if response.status >= 400 and not _is_implicit_favicon(response.url):
+            self._report.errors.append(f"HTTP {response.status}: {response.url}")
 
-    def _drain(self, seconds: float) -> None:
-        """Collect the events of the next ``seconds`` (late requests, late errors)."""
-        deadline = time.monotonic() + seconds
-        while (remaining := deadline - time.monotonic()) > 0:
-            self.ws.settimeout(remaining)
-            try:
-                self._events.append(json.loads(self.ws.recv()))
-            except websocket.WebSocketTimeoutException:
-                break
-        self.ws.settimeout(self.timeout)
+    def _on_request_failed(self, request) -> None:
+        failure = request.failure or ""
+        if "ERR_ABORTED" not in failure and not _is_implicit_favicon(request.url):
+            self._report.errors.append(f"request failed ({failure}): {request.url}")
 
-    def open(self, url: str, settle: float = 0.5) -> Page:
+    def open(self, url: str, settle: float = 0.5) -> PageReport:
         """Load ``url``, wait for its load event plus ``settle`` seconds, report problems."""
-        self._events.clear()
-        result = self.send("Page.navigate", url=url)
-        if result.get("errorText"):
-            return Page(url, errors=[f"navigation failed: {result['errorText']}"])
-        self._wait_for_event("Page.loadEventFired", self.timeout)
-        self._drain(settle)
-        return self._page_report(url)
+        self._report = PageReport(url)
+        try:
+            self.page.goto(url, wait_until="load")
+        except Exception as error:  # noqa: BLE001 (a navigation error is a finding, not a crash)
+            self._report.errors.append(f"navigation failed: {error}")
+            return self._report
+        self.page.wait_for_timeout(settle * 1000)
+        return self._report
 
-    def _page_report(self, url: str) -> Page:
-        page = Page(url)
-        request_urls = {}
-        for event in self._events:
-            method, params = event.get("method"), event.get("params", {})
-            if method == "Network.requestWillBeSent":
-                request_urls[params["requestId"]] = params["request"]["url"]
-            about = (params.get("request") or params.get("response") or params.get("entry") or {}).get("url")
-            if _is_implicit_favicon(about or request_urls.get(params.get("requestId"), "")):
-                continue  # sent by Chromium itself, and only sometimes
-            if method == "Network.requestWillBeSent":
-                page.requests.append(params["request"]["url"])
-            elif method == "Network.responseReceived" and params["response"]["status"] >= 400:
-                page.errors.append(f"HTTP {params['response']['status']}: {params['response']['url']}")
-            elif method == "Network.loadingFailed" and not params.get("canceled"):
-                page.errors.append(f"request failed ({params.get('errorText')}): "
-                                   f"{request_urls.get(params['requestId'], '?')}")
-            elif method == "Runtime.exceptionThrown":
-                details = params["exceptionDetails"]
-                text = details.get("exception", {}).get("description") or details.get("text")
-                page.errors.append(f"uncaught exception: {text}")
-            elif method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
-                args = " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
-                page.errors.append(f"console.{params['type']}: {args}")
-            elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
-                entry = params["entry"]
-                page.errors.append(f"browser log: {entry['text']} {entry.get('url', '')}".strip())
-        return page
+    def resize(self, width: int, height: int = 900) -> None:
+        """Give the window a reader's width; the page lays itself out again."""
+        self.page.set_viewport_size({"width": width, "height": height})
+        self.page.wait_for_timeout(150)
 
     def evaluate(self, expression: str):
         """Evaluate JavaScript in the page (promises awaited) and return its JSON value."""
-        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True,
-                           awaitPromise=True)
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"JavaScript error: {result['exceptionDetails']}")
-        return result["result"].get("value")
+        return self.page.evaluate(expression)
 
     def wait_for(self, expression: str, timeout: float = 20.0):
         """Poll ``expression`` until it is truthy; return its value."""
@@ -252,21 +196,14 @@ class Browser:
 
     def screenshot(self, path: Path, full_page: bool = False) -> None:
         """Save a PNG of the visible window (or of the whole page)."""
-        result = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=full_page)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_bytes(base64.b64decode(result["data"]))
+        self.page.screenshot(path=str(path), full_page=full_page)
 
     def close(self) -> None:
+        """End Chromium and Playwright's driver (both are this test's own children)."""
         with contextlib.suppress(Exception):
-            self.ws.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.profile, ignore_errors=True)
+            self._chromium.close()
+        self._playwright.stop()
 
     def __enter__(self):
         return self

@@ -11,7 +11,9 @@ published. Screenshots of the first page of each part go to ``artifacts/book/``.
 
 from __future__ import annotations
 
+import functools
 import glob
+import gzip
 import html
 import json
 import re
@@ -112,9 +114,49 @@ def test_widget_and_math_javascript_is_served_from_the_book_not_from_static():
 
 
 def test_launch_buttons_are_configured_in_one_place():
-    assert CONFIG["launch_buttons"]["jupyterhub_url"].startswith("https://")
+    """One setting, empty until a course names its hub: no link to a host that does not exist."""
+    assert CONFIG["launch_buttons"]["jupyterhub_url"] == ""
     assert CONFIG["repository"]["url"].startswith("https://github.com/")
     assert CONFIG["repository"]["branch"]
+    placeholder = "jupyter.example" + ".org"    # the old default, spelled so this file does not name it
+    mentions = [p for p in REPO.rglob("*") if p.suffix in (".md", ".yml", ".py", ".cfg", ".toml")
+                and not {".venv", "_build", "node_modules", ".git"} & set(p.parts)
+                and placeholder in p.read_text(errors="replace")]
+    assert not mentions, f"a placeholder hub is named in {mentions}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_configured_hub_gets_an_nbgitpuller_launch_button_on_exercise_notebooks(tmp_path):
+    """Set ``launch_buttons.jupyterhub_url`` (the one setting) and build two pages without
+    executing anything: the exercise notebook links to the hub through nbgitpuller, the
+    executed text page does not (a hub would open its .md as plain text)."""
+    hub = "http://127.0.0.1:8000"
+    config = dict(CONFIG, launch_buttons=dict(CONFIG["launch_buttons"], jupyterhub_url=hub))
+    config["execute"] = dict(CONFIG["execute"], execute_notebooks="off")
+    config["sphinx"] = dict(CONFIG["sphinx"], local_extensions={"distlab_book": str(REPO / "book" / "_ext")})
+    notebook = "notebooks/00-first-steps/00-first-steps"
+    toc = {"format": "jb-book", "root": "book/intro",
+           "parts": [{"caption": "Pages", "chapters": [{"file": "book/getting-started/how-to-use"},
+                                                       {"file": notebook}]}]}
+    (tmp_path / "_config.yml").write_text(yaml.safe_dump(config))
+    (tmp_path / "_toc.yml").write_text(yaml.safe_dump(toc))
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    build = subprocess.run([str(jupyter_book), "build", str(REPO), "--config", str(tmp_path / "_config.yml"),
+                            "--toc", str(tmp_path / "_toc.yml"), "--path-output", str(tmp_path / "out")],
+                           capture_output=True, text=True, timeout=540)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    html_dir = tmp_path / "out" / "_build" / "html"
+    page = (html_dir / f"{notebook}.html").read_text()
+    launch = re.findall(r'href="([^"]*git-pull[^"]*)"', page)
+    assert launch, "no JupyterHub launch button on the exercise notebook"
+    link = urllib.parse.urlparse(html.unescape(launch[0]))
+    query = urllib.parse.parse_qs(link.query)
+    assert f"{link.scheme}://{link.netloc}" == hub and link.path == "/hub/user-redirect/git-pull"
+    assert query["repo"] == [CONFIG["repository"]["url"]] and query["branch"] == [CONFIG["repository"]["branch"]]
+    assert query["urlpath"][0].endswith(f"{notebook}.ipynb")
+    text_page = (html_dir / "book/getting-started/how-to-use.html").read_text()
+    assert not re.search(r'href="[^"]*git-pull', text_page), "launch buttons belong on the .ipynb notebooks only"
 
 
 def test_source_hash_follows_every_file_of_the_package(tmp_path):
@@ -284,26 +326,17 @@ def test_nothing_from_solutions_is_published(built_book):
 
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_TIMEOUT)
-def test_student_notebooks_are_published_unexecuted_with_launch_and_download_buttons(built_book):
-    hub = CONFIG["launch_buttons"]["jupyterhub_url"].rstrip("/")
-    repo_url = CONFIG["repository"]["url"]
+def test_student_notebooks_are_published_unexecuted_with_a_download_button_and_no_hub_by_default(built_book):
     for source in notebook_sources():
         relative = source.relative_to(REPO).with_suffix("")
         page = built_book / relative.with_suffix(".html")
         assert page.exists(), f"{source} is not in the book (toc glob notebooks/*/*)"
-        html = page.read_text()
-        assert 'class="cell_output' not in html, f"{page} shows outputs: it was executed"
-        launch = re.findall(r'href="([^"]*git-pull[^"]*)"', html)
-        assert launch, f"{page} has no JupyterHub launch button"
-        query = urllib.parse.parse_qs(urllib.parse.urlparse(launch[0].replace("&amp;", "&")).query)
-        assert launch[0].startswith(f"{hub}/hub/user-redirect/git-pull")
-        assert query["repo"] == [repo_url]
-        assert query["urlpath"][0].endswith(f"{relative.as_posix()}.ipynb")
-        assert f"_sources/{relative.as_posix()}.ipynb" in html, "no .ipynb download button"
+        text = page.read_text()
+        assert 'class="cell_output' not in text, f"{page} shows outputs: it was executed"
+        assert f"_sources/{relative.as_posix()}.ipynb" in text, "no .ipynb download button"
     for name in html_pages(built_book):
-        if not name.startswith("notebooks/"):
-            assert not re.search(r'href="[^"]*git-pull', (built_book / name).read_text()), (
-                f"{name}: launch buttons belong on the .ipynb notebooks only")
+        assert not re.search(r'href="[^"]*git-pull', (built_book / name).read_text()), (
+            f"{name}: a launch button, although no hub is configured")
 
 
 @pytest.fixture(scope="module")
@@ -330,17 +363,64 @@ def fetch(url: str) -> tuple[int, bytes, str]:
         return error.code, b"", ""
 
 
+# What may scroll sideways inside itself: code blocks, cell outputs, display formulas (MathJax 3
+# cannot break a formula across lines). Anything else wider than the reader's window is a bug.
+SIDEWAYS_PROBE = """(() => {
+  const found = {page: document.scrollingElement.scrollWidth - window.innerWidth, scrollers: []};
+  for (const el of document.querySelectorAll('.bd-article *')) {
+    if (el.scrollWidth <= el.clientWidth + 1) continue;
+    const overflow = getComputedStyle(el).overflowX;
+    if (overflow !== 'auto' && overflow !== 'scroll') continue;
+    if (el.closest('pre, div.highlight, .cell_output, .output, mjx-container')) continue;
+    found.scrollers.push(el.tagName.toLowerCase() + '.' + el.className.split(' ')[0]
+                         + ' (' + (el.textContent || '').trim().slice(0, 40) + ')');
+  }
+  return found;
+})()"""
+
+
+COMPRESSED_ON_THE_WIRE = (".html", ".js", ".css", ".json", ".svg", ".txt", ".ttf", ".eot")
+
+
+@functools.lru_cache(maxsize=None)
+def transfer_size(path: Path) -> int:
+    """Bytes a static host sends for ``path``: text gzip-compressed (as GitHub Pages, Netlify or
+    nginx with gzip do), images and woff fonts as they are (already compressed)."""
+    data = path.read_bytes()
+    return len(gzip.compress(data, compresslevel=6)) if path.suffix in COMPRESSED_ON_THE_WIRE else len(data)
+
+
+def page_weight(site_dir: Path, base_url: str, requests: list[str]) -> int:
+    """Bytes over the wire for everything a page loaded from the site: HTML, scripts, styles,
+    images, fonts (see :func:`transfer_size`)."""
+    prefix = urllib.parse.urlsplit(base_url).path
+    files = {site_dir / urllib.parse.unquote(urllib.parse.urlsplit(url).path)[len(prefix):]
+             for url in requests if url.startswith(base_url)}
+    return sum(transfer_size(path) for path in files if path.is_file())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_TIMEOUT)
-def test_every_page_loads_cleanly_with_working_images_and_links(built_book, site, browser):
+def test_every_page_at_three_widths_loads_cleanly_fits_and_links(built_book, site, browser):
+    """Each page at a desktop's, a tablet's and a phone's width: no console error or failed
+    request, nothing but code, outputs and formulas wider than the window, images and internal
+    links that resolve, no page over 3 MB over the wire (everything it loads)."""
+    from book_browser import WIDTHS
+
     pages = html_pages(built_book)
     assert "index.html" in pages and len(pages) >= 5
-    problems, links, images = [], set(), set()
+    problems, links, images, weights = [], set(), set(), {}
     for name in pages:
+        browser.resize(WIDTHS["desktop"])
         page = browser.open(site + name)
         problems += [f"{name}: {error}" for error in page.errors]
         problems += [f"{name}: loads {url} from outside the site" for url in page.requests
                      if not url.startswith((site, "data:", "blob:", "about:"))]
+        weights[name] = page_weight(built_book, site, page.requests)
+        widgets = browser.evaluate("!!document.querySelector('script[type=\"application/vnd.jupyter.widget-state+json\"]')")
+        if not widgets:
+            problems += [f"{name}: loads the widget script {url} but has no widget" for url in page.requests
+                         if urllib.parse.urlsplit(url).path.endswith(("/embed-amd.js", "/require.js"))]
         links |= set(browser.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.href)"))
         sources = browser.evaluate("[...document.images].map(i => i.currentSrc || i.src)")
         images |= {url for url in sources if not url.startswith(("blob:", "data:"))}
@@ -350,6 +430,12 @@ def test_every_page_loads_cleanly_with_working_images_and_links(built_book, site
                                      " && i.complete && i.naturalWidth === 0).length")
         if undecoded:
             problems.append(f"{name}: {undecoded} in-page image(s) did not decode")
+        for label, width in WIDTHS.items():
+            browser.resize(width)
+            sideways = browser.evaluate(SIDEWAYS_PROBE)
+            if sideways["page"] > 0:
+                problems.append(f"{name} at {width} px ({label}): the page scrolls sideways by {sideways['page']} px")
+            problems += [f"{name} at {width} px ({label}): {what} scrolls sideways" for what in sideways["scrollers"]]
     origin = site[: site.index("/", len("http://"))]
     for url in sorted(links):
         if not url.startswith(origin):
@@ -367,10 +453,140 @@ def test_every_page_loads_cleanly_with_working_images_and_links(built_book, site
         status, body, content_type = fetch(url)
         if status != 200 or not (content_type.startswith("image/") and body):
             problems.append(f"broken image ({status}, {content_type}): {url}")
+    heaviest = sorted(weights.items(), key=lambda item: -item[1])[:3]
+    print("heaviest pages (MB over the wire):", [(name, round(size / 1e6, 2)) for name, size in heaviest])
+    problems += [f"{name} weighs {size / 1e6:.1f} MB over the wire (at most 3 MB)" for name, size in weights.items()
+                 if size > 3e6]
     assert not problems, "\n".join(problems)
     outside = [(path, code) for path, code in site.requests
                if not path.startswith(SUBPATH) and path != "/favicon.ico"]
     assert not outside, f"requests outside the sub-path: {outside}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_sidebar_and_contents_toggles_open_and_close_at_every_width(built_book, site, browser):
+    """Below 992 px the navigation and the page's contents open as drawers; above, the
+    navigation collapses and comes back. Screenshots of the open drawers go to the artifacts."""
+    from book_browser import WIDTHS
+
+    drawer_open = "id => document.getElementById(id).open"
+    for label, width in WIDTHS.items():
+        browser.resize(width)
+        assert not browser.open(site + "book/02-collectives/ring-all-reduce.html").errors
+        toggle = browser.page.locator(".primary-toggle:visible")
+        assert toggle.count() == 1, f"{label}: {toggle.count()} visible navigation buttons"
+        if width >= 992:                          # the sidebar is in the page: the button hides it
+            shown = "getComputedStyle(document.getElementById('pst-primary-sidebar')).visibility"
+            assert browser.evaluate(shown) == "visible"
+            toggle.click()
+            browser.page.wait_for_function(f"{shown} === 'hidden'", timeout=5000)
+            toggle.click()
+            browser.page.wait_for_function(f"{shown} === 'visible'", timeout=5000)
+            continue
+        for button, drawer, link in ((".primary-toggle", "pst-primary-sidebar-modal", "Data parallelism"),
+                                     (".secondary-toggle", "pst-secondary-sidebar-modal", "Watching the ring")):
+            browser.page.locator(f"{button}:visible").click()
+            browser.page.wait_for_function(f"({drawer_open})('{drawer}')", timeout=5000)
+            entry = browser.page.locator(f"#{drawer} a", has_text=link).first
+            assert entry.is_visible(), f"{label}: the {drawer} drawer opened without its '{link}' link"
+            browser.screenshot(ARTIFACTS / f"drawer-{drawer.split('-')[1]}-{width}px.png")
+            browser.page.keyboard.press("Escape")
+            browser.page.wait_for_function(f"!({drawer_open})('{drawer}')", timeout=5000)
+
+
+def cell_outputs(page_html: str) -> list[tuple[str, str]]:
+    """(kind, text) of every executed cell output of a page: ``stream``, ``stderr``, ``traceback``..."""
+    return [(kind, html.unescape(re.sub(r"<[^>]+>", "", body))) for kind, body in re.findall(
+        r'<div class="output (\w+)[^"]*"[^>]*>(.*?)</pre>', page_html, flags=re.S)]
+
+
+NOISE = re.compile(r"Warning\b|warnings\.warn|USDT|deprecat|(?<![A-Za-z0-9])[WE]\d{4} \d\d:\d\d:\d\d", re.I)
+"""What a reader should never see in an output: warnings, deprecations, torch's C++ log lines."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_executed_outputs_carry_no_warning_or_stderr_line(built_book):
+    noisy = []
+    for name in html_pages(built_book):
+        for kind, text in cell_outputs((built_book / name).read_text()):
+            if kind in ("stderr", "traceback"):
+                noisy.append(f"{name}: a {kind} output: {text.strip()[:200]!r}")
+            elif match := NOISE.search(text):
+                line = text[text.rfind("\n", 0, match.start()) + 1:].split("\n", 1)[0]
+                noisy.append(f"{name}: {line[:200]!r}")
+    assert not noisy, "\n".join(noisy)
+
+
+def test_noise_pattern_catches_what_reached_pages_before():
+    """The lines that once reached the book are caught; ordinary output is not."""
+    seen = ["[rank 0] [rank0]:W1125 08:27:51.985000 746 torch/distributed/tensor/_redistribute.py:390] While",
+            "STAGE:2026-11-20 10:00:00 1234:1234 ActivityProfilerController.cpp:312] USDT: profiler_start",
+            "/x.py:3: UserWarning: TypedStorage is deprecated"]
+    assert all(NOISE.search(line) for line in seen)
+    fine = ["[rank 1] loss 2.31 after 3 steps", "all_reduce of 64 MiB: 0.41 s, 2 ranks", "Warned students: none"]
+    assert not [line for line in fine if NOISE.search(line)]
+
+
+PLURAL_AFTER_ONE = re.compile(r"(?<![\d.,+\-−])1 (ranks|buckets|GPUs|nodes|stages|micro-batches|layers|chunks|"
+                              r"experts|steps|calls|processes|bytes|tokens)\b")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_no_page_says_one_with_a_plural(built_book):
+    """"1 buckets", "1 ranks": the text a page prints and the labels inside its widgets."""
+    wrong = []
+    for name in html_pages(built_book):
+        text = html.unescape(re.sub(r"<[^>]+>", "", (built_book / name).read_text()))
+        wrong += [f"{name}: ...{text[max(0, m.start() - 40):m.end()]!r}" for m in PLURAL_AFTER_ONE.finditer(text)]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_every_figure_has_alt_text_that_says_what_it_shows(built_book):
+    """A screen reader (or a reader whose images did not load) gets a sentence, not a file name."""
+    missing, figures = [], 0
+    for name in html_pages(built_book):
+        for tag in re.findall(r"<img [^>]*>", (built_book / name).read_text()):
+            if "_images/" not in tag:
+                continue                             # the logo, icons
+            figures += 1
+            alt = html.unescape(re.search(r'alt="([^"]*)"', tag).group(1)) if 'alt="' in tag else ""
+            if len(alt.split()) < 6 or "_images/" in alt or alt.endswith(".png"):
+                missing.append(f"{name}: alt={alt!r}")
+    assert figures >= 25, f"only {figures} figures in the book"
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_search_finds_a_collective_under_every_spelling_and_quotes_prose(built_book, site, browser):
+    def search(query: str) -> list[tuple[str, str]]:
+        assert not browser.open(site + "search.html?q=" + urllib.parse.quote(query)).errors
+        browser.page.wait_for_function("document.querySelector('#search-results h2')?.textContent"
+                                       ".includes('Search Results') || document.querySelectorAll("
+                                       "'#search-results li').length > 0", timeout=20000)
+        browser.page.wait_for_timeout(1500)     # the summaries are fetched page by page
+        return browser.evaluate("[...document.querySelectorAll('#search-results li')].map(li => "
+                                "[li.querySelector('a').textContent, li.querySelector('p.context')?.textContent || ''])")
+
+    found = {query: search(query) for query in ("all-reduce", "allreduce", "all_reduce", "AllReduce")}
+    pages = {query: {title for title, _ in results} for query, results in found.items()}
+    assert len(pages["all-reduce"]) >= 10, pages["all-reduce"]
+    assert pages["allreduce"] == pages["all_reduce"] == pages["AllReduce"], pages
+    # "all-reduce" is two words to Sphinx (all AND reduce), so it also finds pages that say
+    # "all" and "reduce" apart; every page about the collective must be among them.
+    assert pages["allreduce"] <= pages["all-reduce"], (
+        f"found as allreduce, missing under all-reduce: {pages['allreduce'] - pages['all-reduce']}")
+    ring = next(snippet for title, snippet in found["allreduce"] if "ring all-reduce" in title)
+    assert "  " not in ring and "\n" not in ring, f"the snippet is not prose: {ring!r}"
+    assert "import " not in ring and "Contents" not in ring, f"the snippet quotes code or the contents: {ring!r}"
+    assert ".pdf" not in ring and "\\(" not in ring, f"the snippet quotes buttons or formula markup: {ring!r}"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.screenshot(ARTIFACTS / "search-allreduce.png")
 
 
 @pytest.mark.slow
@@ -443,14 +659,44 @@ def test_screenshots_of_the_first_page_of_each_part(built_book, site, browser):
         if docnames:
             slug = re.sub(r"[^a-z0-9]+", "-", part["caption"].lower()).strip("-")
             first_pages[f"{number:02d}-{slug}"] = docnames[0]
+    for index in sorted(REPO.glob("book/[0-9][0-9]-*/index.md")):
+        first_pages[f"chapter-{index.parent.name}"] = index.relative_to(REPO).with_suffix("").as_posix()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for name, docname in first_pages.items():
-        page = browser.open(site + docname + ".html", settle=1.0)
-        assert not page.errors, page.errors
-        title = browser.evaluate("document.querySelector('h1')?.textContent || ''")
-        assert title.strip(), f"{docname} has no title"
-        browser.screenshot(ARTIFACTS / f"{name}.png")
-        assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
+    for width in (390, 1280):
+        browser.resize(width)
+        for name, docname in first_pages.items():
+            page = browser.open(site + docname + ".html", settle=1.0)
+            assert not page.errors, page.errors
+            title = browser.evaluate("document.querySelector('h1')?.textContent || ''")
+            assert title.strip(), f"{docname} has no title"
+            browser.screenshot(ARTIFACTS / f"{name}-{width}px.png")
+            assert (ARTIFACTS / f"{name}-{width}px.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_screenshots_of_every_widget_at_tablet_width(built_book, site, browser):
+    """Each widget as a reader at 820 px sees it, saved for a person to look at: every one
+    shows its buttons and a picture that decoded."""
+    browser.resize(820)
+    shots = 0
+    for name in html_pages(built_book):
+        if "widget-state+json" not in (built_book / name).read_text():
+            continue
+        assert not browser.open(site + name, settle=1.0).errors
+        widgets = browser.page.locator(".cell_output .widget-vbox:not(.widget-vbox .widget-vbox)")  # outermost
+        browser.page.wait_for_function("document.querySelectorAll('.cell_output .widget-vbox').length > 0",
+                                       timeout=20000)
+        for i in range(widgets.count()):
+            widget = widgets.nth(i)
+            widget.scroll_into_view_if_needed()
+            decoded = widget.evaluate("w => [...w.querySelectorAll('img')].filter(i => i.offsetParent)"
+                                      ".every(i => i.complete && i.naturalWidth > 0)")
+            assert decoded, f"{name}: widget {i} shows an image that did not decode"
+            path = ARTIFACTS / f"widget-{name.replace('/', '-').removesuffix('.html')}-{i}.png"
+            widget.screenshot(path=str(path))
+            shots += 1
+    assert shots >= 5, f"only {shots} widgets in the book"
 
 
 def test_show_lists_the_source_itself_and_a_method_from_its_def():

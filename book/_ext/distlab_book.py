@@ -17,16 +17,28 @@
 
 4. **No script twice.** Jupyter Book 1.0.4 writes one inline script twice on every page,
    which the browser reports as an error; we drop exact duplicates.
+
+5. **Search finds a collective however it is spelled.** Prose writes "all-reduce", code
+   ``all_reduce``, other texts "allreduce"; Sphinx's index splits the first into two words
+   and keeps the others whole, so each spelling found a different set of pages. Every
+   mention of a collective is indexed under all its spellings.
+
+6. **Search results quote prose.** Sphinx quotes the page's whole main block, so results
+   showed the page's table of contents and its code; on the search page we quote the
+   article's text without them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from pathlib import Path
 
 from sphinx.application import Sphinx
 from sphinx.config import Config
+from sphinx.search import languages as search_languages
+from sphinx.search.en import SearchEnglish
 from sphinx.util import logging
 
 LOGGER = logging.getLogger(__name__)
@@ -153,7 +165,59 @@ def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     context["script_files"] = unique
 
 
+COLLECTIVE = re.compile(r"(?<![a-z])(all|reduce)[-_ ]?(reduce|gather|scatter|to[-_ ]?all)(?:e?s)?(?![a-z])",
+                        re.IGNORECASE)
+"""A collective's name in any spelling: all-reduce, all_reduce, allreduce, All-gathers, all-to-all."""
+
+
+def collective_spellings(text: str) -> list[str]:
+    """The index words every collective named in ``text`` should be found under.
+
+    >>> collective_spellings("an all-reduce, then dist.all_to_all")
+    ['allreduce', 'all_reduce', 'all', 'reduce', 'alltoall', 'all_to_all', 'all', 'to']
+    """
+    words = []
+    for first, second in COLLECTIVE.findall(text):
+        parts = [first.lower(), *re.split(r"[-_ ]", second.lower())]
+        words += ["".join(parts), "_".join(parts), *parts[:2]]
+    return words
+
+
+class CollectiveSearchEnglish(SearchEnglish):
+    """English search whose index knows every spelling of a collective (rule 5)."""
+
+    def split(self, input: str) -> list[str]:
+        return super().split(input) + collective_spellings(input)
+
+
+SEARCH_SNIPPETS_FROM_PROSE = """
+window.addEventListener("DOMContentLoaded", function () {
+  if (typeof Search === "undefined") { return; }
+  var sphinxText = Search.htmlToText;
+  // Quote the article's prose: no table of contents, no code, no cell outputs, and
+  // runs of blank space (left by the removed parts) folded into one.
+  Search.htmlToText = function (htmlString, anchor) {
+    var page = new DOMParser().parseFromString(htmlString, "text/html");
+    page.querySelectorAll(".bd-toc, #jb-print-docs-body, .bd-header-article, .cell, div.highlight, pre, "
+                          + ".headerlink, script, style").forEach(function (e) { e.remove(); });
+    // Formulas are not typeset in a fetched page: show \\(N\\) as N.
+    page.querySelectorAll("span.math").forEach(function (e) {
+      e.textContent = e.textContent.replace(/^\\\\\\(|\\\\\\)$/g, "");
+    });
+    var text = sphinxText(page.documentElement.outerHTML, anchor);
+    return text.replace(/\\s+/g, " ").trim();
+  };
+});
+"""
+
+
+def _quote_prose_in_search_results(app, pagename, templatename, context, doctree):
+    if pagename == "search":
+        app.add_js_file(None, body=SEARCH_SNIPPETS_FROM_PROSE, priority=900)
+
+
 def setup(app: Sphinx) -> dict:
+    search_languages["en"] = CollectiveSearchEnglish
     app.add_config_value("distlab_source_dir", "src/distlab", "env")
     # Changing this value makes Sphinx re-read every page (rebuild="env").
     app.add_config_value("distlab_source_hash", "", "env")
@@ -162,4 +226,5 @@ def setup(app: Sphinx) -> dict:
     app.connect("html-page-context", _remove_launch_buttons_from_text_pages, priority=600)
     app.connect("html-page-context", _prepare_widget_pages, priority=800)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
+    app.connect("html-page-context", _quote_prose_in_search_results)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -38,3 +38,8 @@ def value_grid(ax, rows, title: str = "", row_labels=None, fmt: str = "{:g}", cm
 def measured_label(fig, text: str = "measured on the machine that built this book") -> None:
     """The small print every measured figure carries."""
     fig.text(0.99, 0.005, text, ha="right", va="bottom", fontsize=7, color="0.4")
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun in the number it takes: ``counted(1, "rank") == "1 rank"``, ``"4 ranks"``."""
+    return f"{n:g} {noun if n == 1 else (plural or noun + 's')}"

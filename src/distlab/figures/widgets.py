@@ -42,8 +42,8 @@ def explorer(options: dict[str, list], render, labels: dict[str, list[str]] | No
     if len(list(product(*options.values()))) > 200:
         raise ValueError("too many combinations to precompute: keep it under 200")
     labels = labels or {}
-    pickers = [widgets.ToggleButtons(options=labels.get(name) or [str(v) for v in values],
-                                     description=name, style={"description_width": "initial"})
+    pickers = [widgets.ToggleButtons(options=labels.get(name) or [str(v) for v in values], description=name,
+                                     style={"description_width": "initial", "button_width": "auto"})
                for name, values in options.items()]
 
     def views(level: int, chosen: dict):

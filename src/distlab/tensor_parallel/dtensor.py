@@ -43,6 +43,8 @@ be compared with the single-process model and with the from-scratch version.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -137,11 +139,21 @@ def backward(loss_value: torch.Tensor) -> None:
 
 
 def reference_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every gradient as a full tensor, named as in TinyGPT (q, k, v stacked back into ``qkv``)."""
-    full = {}
-    for name, p in model.named_parameters():
-        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        full[name] = grad.detach()
+    """Every gradient as a full tensor, named as in TinyGPT (q, k, v stacked back into ``qkv``).
+
+    A gradient sharded twice (FSDP2 over dp on top of TP, a ``_StridedShard``) is gathered
+    in two steps; DTensor logs that this is "suboptimal", advice meant for training loops,
+    not for a one-off check, so its logger is kept to errors meanwhile.
+    """
+    redistribute_log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level, full = redistribute_log.level, {}
+    redistribute_log.setLevel(logging.ERROR)
+    try:
+        for name, p in model.named_parameters():
+            grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            full[name] = grad.detach()
+    finally:
+        redistribute_log.setLevel(level)
     for name in [n for n in full if ".attn.q." in n]:
         prefix, kind = name.split(".attn.q.")
         full[f"{prefix}.attn.qkv.{kind}"] = torch.cat([full.pop(f"{prefix}.attn.{x}.{kind}") for x in "qkv"])
