@@ -74,18 +74,13 @@ def torch_loss(model: nn.Module, batch, tp: int) -> torch.Tensor:
 @contextmanager
 def _quiet():
     """Silence advice of FSDP2 and DTensor that does not apply here (view outputs, hooks, strided gathers)."""
-    import logging
     import warnings
 
-    logger = logging.getLogger("torch.distributed.tensor._redistribute")
-    level = logger.level
-    with warnings.catch_warnings():
+    from distlab.tensor_parallel.dtensor import quiet_redistribute
+
+    with warnings.catch_warnings(), quiet_redistribute():
         warnings.filterwarnings("ignore", message=".*(FSDP2-wrapped module|Full backward hook).*")
-        logger.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            logger.setLevel(level)
+        yield
 
 
 @_quiet()

@@ -44,6 +44,7 @@ be compared with the single-process model and with the from-scratch version.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -138,22 +139,33 @@ def backward(loss_value: torch.Tensor) -> None:
         loss_value.backward()
 
 
+@contextmanager
+def quiet_redistribute():
+    """Keep DTensor's redistribution logger to errors meanwhile.
+
+    Gathering a tensor sharded twice takes several collectives, and DTensor logs each such
+    gather as "suboptimal": advice for training loops, not for a one-off check or a page.
+    """
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def reference_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every gradient as a full tensor, named as in TinyGPT (q, k, v stacked back into ``qkv``).
 
     A gradient sharded twice (FSDP2 over dp on top of TP, a ``_StridedShard``) is gathered
-    in two steps; DTensor logs that this is "suboptimal", advice meant for training loops,
-    not for a one-off check, so its logger is kept to errors meanwhile.
+    in two steps, which DTensor would log as "suboptimal" (see :func:`quiet_redistribute`).
     """
-    redistribute_log = logging.getLogger("torch.distributed.tensor._redistribute")
-    level, full = redistribute_log.level, {}
-    redistribute_log.setLevel(logging.ERROR)
-    try:
+    full = {}
+    with quiet_redistribute():
         for name, p in model.named_parameters():
             grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             full[name] = grad.detach()
-    finally:
-        redistribute_log.setLevel(level)
     for name in [n for n in full if ".attn.q." in n]:
         prefix, kind = name.split(".attn.q.")
         full[f"{prefix}.attn.qkv.{kind}"] = torch.cat([full.pop(f"{prefix}.attn.{x}.{kind}") for x in "qkv"])
