@@ -706,3 +706,39 @@ def test_show_lists_the_source_itself_and_a_method_from_its_def():
     text = show(FullyShardedModel.gather).data
     assert text.startswith("```python\ndef gather(self, index: int) -> None:\n") and text.endswith("```")
     assert "all_gather_parameters(self.shards[index], buffer)" in text
+
+
+def test_explorer_views_are_palette_pngs_that_look_like_the_figure():
+    """Every explorer view is embedded in its page, so each is stored with a 256-colour palette.
+
+    The check decodes both images: the palette version must be at most half the size of the
+    full-colour one, and no pixel may move by more than 12 of 255 in any channel (median-cut keeps
+    the few flat colours of a chart exactly; only anti-aliased edges shift, by a shade).
+    """
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+
+    from distlab.figures.widgets import figure_widget
+
+    def chart():
+        fig, ax = plt.subplots(figsize=(7, 2.4))
+        for row in range(4):
+            ax.barh([row] * 12, [0.3] * 12, left=np.arange(12) * 0.35 + row * 0.1, color=["C0", "C1"][row % 2])
+        ax.set_title("interleaved schedule, 4 ranks")
+        ax.set_xlabel("time (units of one forward)")
+        return fig
+
+    full = io.BytesIO()
+    chart().savefig(full, format="png", dpi=90, bbox_inches="tight", facecolor="white")
+    stored = figure_widget(chart()).value
+    original, palette = Image.open(full), Image.open(io.BytesIO(stored))
+    assert palette.mode == "P" and palette.size == original.size
+    assert len(stored) * 2 <= len(full.getvalue()), (len(stored), len(full.getvalue()))
+    difference = np.abs(np.asarray(original.convert("RGB"), int) - np.asarray(palette.convert("RGB"), int))
+    assert difference.max() <= 12, difference.max()
