@@ -8,11 +8,11 @@ STAMP := $(VENV)/.installed
 # This machine's pip configuration prints a harmless warning per package; keep the log readable.
 QUIET_PIP := grep -v '^WARNING: Location' || true
 
-.PHONY: venv system-deps lint test test-fast book bench clean
+.PHONY: venv system-deps lint test test-fast book bench clean hub hub-clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt hub/requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.txt 2>&1 | $(QUIET_PIP)
 	$(PY) -m pip install --quiet --no-deps -e . 2>&1 | $(QUIET_PIP)
@@ -24,13 +24,27 @@ $(STAMP): requirements.txt pyproject.toml
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# The course hub's proxy, pinned in hub/package-lock.json, installed into hub/node_modules.
+PROXY := hub/node_modules/.bin/configurable-http-proxy
+$(PROXY): hub/package.json hub/package-lock.json | system-deps
+	npm ci --prefix hub --no-audit --no-fund --loglevel=error
+	touch $(PROXY)
+
+# The demo course (hub/README.md): private Slurm cluster, accounts, hub on 127.0.0.1. Ctrl-C ends it.
+hub: $(STAMP) system-deps $(PROXY)
+	$(PY) hub/demo.py up
+
+# Remove the demo course's Unix accounts (and their homes).
+hub-clean: $(STAMP)
+	$(PY) hub/demo.py clean
+
 # pyflakes, import order and bugbear over the code, tests and benchmarks (rules: pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --no-cache .
 
 # Two workers, one test file each at a time (files share module-scoped fixtures: the built
 # book, the graded class, the Slurm cluster); tests/conftest.py starts the longest files first.
-test: $(STAMP) system-deps lint
+test: $(STAMP) system-deps lint $(PROXY)
 	$(PY) -m pytest -n 2 --dist loadfile
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).

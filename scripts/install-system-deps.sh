@@ -3,14 +3,19 @@
 # Each feature adds its packages to PACKAGES with a comment saying which tests use them.
 set -euo pipefail
 PACKAGES=(
-  # tests/test_slurm.py: a real two-node Slurm cluster on localhost (tests/slurm_cluster.py)
+  # tests/test_slurm.py: a real two-node Slurm cluster on localhost (scripts/slurm_cluster.py)
   # runs Debian's slurmctld + two slurmd (slurm-wlm) authenticated by munge.
   slurm-wlm
   munge
   # tests/test_book.py: the built book is read in headless Chromium, driven by Playwright
   # through executable_path (tests/book_browser.py); Playwright never downloads a browser here.
   chromium
+  # tests/test_hub.py and `make hub`: git daemon serves the course repository to the servers.
+  git
 )
+# The course hub's proxy (configurable-http-proxy) comes from npm: Node.js and npm, Debian's
+# unless the machine already has them (e.g. from NodeSource, whose nodejs includes npm).
+if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ os.environ["TMPDIR"] = str(SESSION_TMP)
 tempfile.tempdir = str(SESSION_TMP)
 
 REPO = Path(__file__).resolve().parent.parent
+# scripts/ holds what the tests share with `make hub`: the private Slurm cluster's supervisor.
+sys.path.insert(0, str(REPO / "scripts"))
 
 
 def our_rank_processes() -> list[psutil.Process]:

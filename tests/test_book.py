@@ -155,6 +155,11 @@ def test_a_configured_hub_gets_an_nbgitpuller_launch_button_on_exercise_notebook
     assert f"{link.scheme}://{link.netloc}" == hub and link.path == "/hub/user-redirect/git-pull"
     assert query["repo"] == [CONFIG["repository"]["url"]] and query["branch"] == [CONFIG["repository"]["branch"]]
     assert query["urlpath"][0].endswith(f"{notebook}.ipynb")
+    # tests/test_hub.py follows hub/demo.py's launch_link in a real hub: it must be this link.
+    sys.path.insert(0, str(REPO / "hub"))
+    import demo
+
+    assert html.unescape(launch[0]) == demo.launch_link(hub)
     text_page = (html_dir / "book/getting-started/how-to-use.html").read_text()
     assert not re.search(r'href="[^"]*git-pull', text_page), "launch buttons belong on the .ipynb notebooks only"
 

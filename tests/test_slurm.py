@@ -1,6 +1,6 @@
 """distlab on Slurm: command building without a cluster, then a real two-node Slurm cluster.
 
-The slow tests start Debian's Slurm on this machine (tests/slurm_cluster.py: munged,
+The slow tests start Debian's Slurm on this machine (scripts/slurm_cluster.py: munged,
 slurmctld, two slurmd as nodes distlab-n1 and distlab-n2) and run through it: srun inside
 ``salloc``, sbatch from outside any allocation, 2 nodes x 2 ranks each way, a training script
 through the job-script template, a rank that raises, ``scancel`` and the ``--time`` limit.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -244,40 +243,21 @@ def cluster():
     """Start the private two-node cluster once for this module; tear it down by pid afterwards."""
     root = Path(tempfile.mkdtemp(prefix="slurm-"))  # under the test session's folder; kept short:
     # slurmstepd's sockets live below it, and a Unix socket path has at most 107 bytes
-    log = open(root / "supervisor.log", "wb")
-    started = time.monotonic()
-    supervisor = subprocess.Popen([sys.executable, slurm_cluster.__file__, str(root / "cluster")],
-                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
-    ready, failed = root / "cluster" / "ready.json", root / "cluster" / "failed.txt"
     try:
-        while not ready.exists():
-            if failed.exists() or supervisor.poll() is not None or time.monotonic() - started > 90:
-                time.sleep(0.5)
-                reason = failed.read_text() if failed.exists() else (root / "supervisor.log").read_text()
-                pytest.fail(f"the test Slurm cluster did not start:\n{reason}", pytrace=False)
-            time.sleep(0.1)
-        info = json.loads(ready.read_text())
-        info.update(root=root, supervisor=supervisor.pid, start_seconds=round(time.monotonic() - started, 1))
-        (root / "distlab.toml").write_text("# empty: the tests set what they need through DISTLAB_SLURM_*\n")
-        with pytest.MonkeyPatch.context() as mp:
-            for name in list(os.environ):
-                if name.startswith(("SLURM_", "DISTLAB_SLURM_")):
-                    mp.delenv(name)
-            mp.setenv("SLURM_CONF", info["slurm_conf"])
-            mp.setenv("DISTLAB_CONFIG", str(root / "distlab.toml"))
-            mp.setenv("DISTLAB_SLURM_RUN_ROOT", str(root / "runs"))
-            mp.setenv("DISTLAB_SLURM_POLL_SECONDS", "0.5")
-            mp.delenv("DISTLAB_LAUNCHER", raising=False)
-            yield info
-    finally:
-        supervisor.send_signal(signal.SIGTERM)
-        try:
-            supervisor.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(supervisor.pid, signal.SIGKILL)
-            supervisor.wait(timeout=10)
-        log.close()
+        with slurm_cluster.running_cluster(root / "cluster") as info:
+            (root / "distlab.toml").write_text("# empty: the tests set what they need through DISTLAB_SLURM_*\n")
+            with pytest.MonkeyPatch.context() as mp:
+                for name in list(os.environ):
+                    if name.startswith(("SLURM_", "DISTLAB_SLURM_")):
+                        mp.delenv(name)
+                mp.setenv("SLURM_CONF", info["slurm_conf"])
+                mp.setenv("DISTLAB_CONFIG", str(root / "distlab.toml"))
+                mp.setenv("DISTLAB_SLURM_RUN_ROOT", str(root / "runs"))
+                mp.setenv("DISTLAB_SLURM_POLL_SECONDS", "0.5")
+                mp.delenv("DISTLAB_LAUNCHER", raising=False)
+                yield {**info, "root": root}
+    except slurm_cluster.ClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def _processes_mentioning(text: str) -> list[psutil.Process]:

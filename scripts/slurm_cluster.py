@@ -1,6 +1,10 @@
-"""A real, private, two-node Slurm cluster on this one machine, for the tests of distlab.runtime.launchers.slurm.
+"""A real, private, two-node Slurm cluster on this one machine: for the tests of
+distlab.runtime.launchers.slurm and tests/test_hub.py, and for the demo course (`make hub`).
 
-    python tests/slurm_cluster.py DIR     # start it; Ctrl-C (or SIGTERM) tears it down
+    python scripts/slurm_cluster.py DIR     # start it; Ctrl-C (or SIGTERM) tears it down
+
+From Python, ``with running_cluster(DIR) as info:`` starts this file as a supervisor process,
+waits until both nodes are idle and stops it (and every job) on leaving the block.
 
 It runs Debian's own daemons (package ``slurm-wlm``, Slurm 22.05, and ``munge``), started by
 hand because test machines have no systemd:
@@ -18,7 +22,8 @@ a second test session may be relying on it).
 
 This process is the cluster's supervisor. It marks itself a "child subreaper", so everything
 the daemons start and then orphan (``slurmstepd``, job processes) becomes *its* child. On
-teardown it cancels every job of this private cluster, ends the daemons by pid, then ends
+teardown it cancels every job of this private cluster (whoever submitted it: the hub's
+students submit as themselves), ends the daemons by pid, then ends
 whatever descendants are left, by pid. It never signals anything by name.
 
 Facts this relies on (measured on Debian 12 with Slurm 22.05): no ``cgroup.conf`` (22.05 breaks
@@ -34,6 +39,7 @@ to ``DIR/failed.txt`` and the process exits with code 1.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -49,7 +55,7 @@ import psutil
 NODES = ["distlab-n1", "distlab-n2"]
 HOST_ALIASES = NODES + [n + "i" for n in NODES]  # "i": the interconnect-suffix names, as at JSC
 PARTITION = "debug"
-HOSTS_LINE = "127.0.0.1 " + " ".join(HOST_ALIASES) + "  # distlab test Slurm cluster (tests/slurm_cluster.py)"
+HOSTS_LINE = "127.0.0.1 " + " ".join(HOST_ALIASES) + "  # distlab private Slurm cluster (scripts/slurm_cluster.py)"
 CLIENT_TIMEOUT = 15  # seconds for any Slurm client call
 START_TIMEOUT = 60   # seconds for the whole cluster to come up
 
@@ -120,7 +126,7 @@ def write_config(root: Path) -> Path:
     hardware = node_hardware()
     ctl_port = free_port()
     lines = [
-        "# Written by tests/slurm_cluster.py: a private two-node test cluster on this machine.",
+        "# Written by scripts/slurm_cluster.py: a private two-node cluster on this machine.",
         "ClusterName=distlabtest",
         f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
         f"SlurmctldPort={ctl_port}",
@@ -278,7 +284,9 @@ class Cluster:
     def stop(self) -> None:
         """Cancel every job, end the daemons by pid, then end every process left below us."""
         if "slurmctld" in self.daemons and self.daemons["slurmctld"].poll() is None:
-            self.client(["scancel", "--full", "--user", str(os.getuid())], check=False)
+            jobs = self.client(["squeue", "--noheader", "--format=%i"], check=False).split()
+            if jobs:  # every job here is ours, whichever user submitted it (root may cancel all)
+                self.client(["scancel", "--full", *jobs], check=False)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
                 if not self.client(["squeue", "--noheader", "--format=%i"], check=False).strip():
@@ -362,6 +370,43 @@ def main(root: Path) -> int:
         return 1
     finally:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path, timeout: float = 90, env: dict | None = None):
+    """Start the cluster in ``root`` as a supervisor process; yield ready.json's dict plus
+    ``root``, ``supervisor`` (its pid) and ``start_seconds``; on leaving, SIGTERM the supervisor
+    (it cancels every job and ends the daemons) and wait for it.
+
+    Raises :class:`ClusterError` with the supervisor's reason if the cluster does not come up
+    within ``timeout`` seconds.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = root.parent / f"{root.name}-supervisor.log"
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        supervisor = subprocess.Popen([sys.executable, __file__, str(root)], stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True, env=env)
+    try:
+        ready, failed = root / "ready.json", root / "failed.txt"
+        while not ready.exists():
+            if failed.exists() or supervisor.poll() is not None or time.monotonic() - started > timeout:
+                time.sleep(0.5)
+                reason = failed.read_text() if failed.exists() else log_path.read_text(errors="replace")
+                raise ClusterError(f"the private Slurm cluster did not start within {timeout:g} s:\n{reason}")
+            time.sleep(0.1)
+        info = json.loads(ready.read_text())
+        info.update(root=root, supervisor=supervisor.pid, start_seconds=round(time.monotonic() - started, 1))
+        yield info
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        try:
+            supervisor.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(timeout=10)
 
 
 if __name__ == "__main__":

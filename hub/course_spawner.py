@@ -1,0 +1,128 @@
+"""The course's spawner: batchspawner's SlurmSpawner with a spawn form of named profiles and a
+clear message when a job cannot start.
+
+What it adds to ``batchspawner.SlurmSpawner``, and why:
+
+* **Profiles.** The spawn page offers a few whole shapes of allocation ("1 node, 2 tasks",
+  "2 nodes, 1 task each") and a time limit, instead of free fields a student can get wrong.
+  The chosen profile's values become the job script's ``{{nodes}}``, ``{{tasks_per_node}}``,
+  ``{{cpus_per_task}}`` and ``{{runtime}}`` (hub/slurm-job.sh).
+* **A queue timeout that says why.** A job that is still pending after ``queue_timeout``
+  seconds is cancelled, and the spawn page shows Slurm's reason (``PartitionDown``,
+  ``Resources``, ...) instead of JupyterHub's generic "Spawn failed: timeout". The progress
+  bar shows the reason while the job waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+
+from batchspawner import SlurmSpawner
+from traitlets import Dict, Integer, default
+
+PROFILES = {
+    "1x2": {"title": "1 node, 2 tasks", "nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1},
+    "2x1": {"title": "2 nodes, 1 task each", "nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1},
+}
+RUNTIMES = {"00:30:00": "30 minutes", "01:00:00": "1 hour", "02:00:00": "2 hours"}
+
+
+class SpawnRefused(RuntimeError):
+    """Raised with a message meant for the student (JupyterHub shows it on the spawn page)."""
+
+
+class CourseSlurmSpawner(SlurmSpawner):
+    profiles = Dict(PROFILES, help="name -> {title, nodes, tasks_per_node, cpus_per_task[, options]}").tag(config=True)
+    queue_timeout = Integer(120, help="seconds a job may wait in the queue before it is cancelled").tag(config=True)
+
+    # %r: why a pending job waits; %B: the node the batch script (and so the server) runs on.
+    batch_query_cmd = "squeue -h -j {job_id} -o '%T %r %B'"
+
+    def _options_form_default(self) -> str:
+        rows = [
+            f'<label class="form-check"><input class="form-check-input" type="radio" name="profile" '
+            f'value="{html.escape(name)}"{" checked" if i == 0 else ""}> {html.escape(p["title"])}'
+            f' <small class="text-muted">({p["nodes"] * p["tasks_per_node"] * p["cpus_per_task"]} cores)</small></label>'
+            for i, (name, p) in enumerate(self.profiles.items())
+        ]
+        times = "".join(f'<option value="{value}">{label}</option>' for value, label in RUNTIMES.items())
+        return (
+            '<fieldset class="mb-3"><legend class="form-label">Resources (a Slurm job of yours)</legend>'
+            + "".join(rows) + "</fieldset>"
+            f'<label class="form-label" for="runtime">Time limit</label>'
+            f'<select class="form-select" id="runtime" name="runtime">{times}</select>'
+        )
+
+    def options_from_form(self, formdata: dict) -> dict:
+        return {"profile": (formdata.get("profile") or [""])[0],
+                "runtime": (formdata.get("runtime") or ["00:30:00"])[0]}
+
+    def job_options(self, user_options: dict) -> dict:
+        """The job script's fields for a profile and a time limit, checked against the lists.
+
+        ``user_options`` may also arrive through the hub's REST API, not the form: nothing but
+        these two names, with these values, ever reaches the job script.
+        """
+        profile, runtime = user_options.get("profile"), user_options.get("runtime", "00:30:00")
+        if profile not in self.profiles:
+            raise SpawnRefused(f"unknown profile {profile!r}: pick one of {', '.join(self.profiles)}")
+        if runtime not in RUNTIMES:
+            raise SpawnRefused(f"unknown time limit {runtime!r}: pick one of {', '.join(RUNTIMES)}")
+        chosen = self.profiles[profile]
+        return {"runtime": runtime, "nodes": str(chosen["nodes"]), "tasks_per_node": str(chosen["tasks_per_node"]),
+                "cpus_per_task": str(chosen["cpus_per_task"]), "profile_options": chosen.get("options", "")}
+
+    @default("apply_user_options")
+    def _check_user_options(self):
+        return lambda spawner, user_options: spawner.job_options(user_options)
+
+    async def cancel_batch_job(self):
+        if self.job_id:  # nothing to cancel once a refused job has been cancelled and forgotten
+            await super().cancel_batch_job()
+
+    def state_gethost(self) -> str:
+        return self.job_status.split()[-1]
+
+    def pending_reason(self) -> str:
+        parts = self.job_status.split()
+        return parts[1] if len(parts) >= 2 and parts[0] == "PENDING" else ""
+
+    async def start(self):
+        """Submit, and give up with Slurm's reason if the job is still queued after queue_timeout."""
+        self.user_options = self.job_options(self.user_options or {"profile": next(iter(self.profiles))})
+        task = asyncio.ensure_future(super().start())
+        deadline = time.monotonic() + self.queue_timeout
+        while not task.done():
+            await asyncio.sleep(0.5)
+            if time.monotonic() > deadline and self.job_id and self.state_ispending():
+                task.cancel()
+                reason, job = self.pending_reason() or "unknown", self.job_id
+                await self.cancel_batch_job()
+                self.clear_state()
+                raise SpawnRefused(
+                    f"Your server could not start: its Slurm job {job} waited {self.queue_timeout} s in "
+                    f"the queue (Slurm's reason: {reason}) and has been cancelled. "
+                    + ("The partition is down: try again later or ask your instructor."
+                       if reason.startswith("Partition") else "The cluster is busy: try again later "
+                       "or pick a smaller profile."))
+        return task.result()
+
+    async def progress(self):
+        """Events for the spawn page: each new state of the job once (with Slurm's reason)."""
+        last = None
+        while True:
+            if self.state_ispending():
+                reason = self.pending_reason()
+                message = f"Slurm job {self.job_id} pending in the queue" + (f" (reason: {reason})" if reason else "")
+            elif self.state_isrunning():
+                yield {"message": f"Slurm job {self.job_id} running on {self.state_gethost()}: "
+                                  "waiting for the server to answer"}
+                return
+            else:
+                message = "Submitting the Slurm job..."
+            if message != last:
+                yield {"message": message}
+                last = message
+            await asyncio.sleep(1)

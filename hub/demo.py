@@ -1,0 +1,242 @@
+"""The demo course on one machine: `make hub` (up) and `make hub-clean` (accounts removed).
+
+    python hub/demo.py up       # cluster, accounts, git mirror, hub; Ctrl-C tears it all down
+    python hub/demo.py clean    # delete the demo accounts (and their homes)
+
+What comes up, in order (each piece is what a centre runs, shrunk onto one machine):
+
+1. the private two-node Slurm cluster (scripts/slurm_cluster.py), in a run folder under /tmp
+   that every user can read (the students' jobs need slurm.conf and munge's socket);
+2. the course's Unix accounts (hub/accounts.py), with fresh passwords, printed once;
+3. a read-only git mirror of this repository (``git daemon`` on 127.0.0.1): the compute
+   nodes have no internet, so the servers fetch the book's repository from it; the book's
+   launch links still name the public repository, and git's ``insteadOf`` rewrites them;
+4. JupyterHub (hub/jupyterhub_config.py) on 127.0.0.1, servers as Slurm jobs of the students.
+
+tests/test_hub.py brings up the same pieces through :func:`course_hub`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(HERE))
+import accounts  # noqa: E402
+import slurm_cluster  # noqa: E402
+
+COURSE = "dlc"
+START_TIMEOUT = 60  # seconds for the hub to answer
+PUBLIC_REPO = "https://github.com/distlab-book/distlab"  # _config.yml's repository.url
+
+
+class HubError(RuntimeError):
+    """The hub could not be brought up; the message says why."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def runnable_by_everyone(path: Path) -> bool:
+    """Can any user execute ``path`` (every folder above it searchable, the file executable)?"""
+    path = Path(os.path.realpath(path))
+    folders_ok = all(os.stat(p).st_mode & stat.S_IXOTH for p in path.parents)
+    return folders_ok and bool(os.stat(path).st_mode & stat.S_IXOTH)
+
+
+def readable_by_everyone(folder: Path) -> bool:
+    """Can any user list and read ``folder`` (and search every folder above it)?"""
+    folder = Path(os.path.realpath(folder))
+    mode = os.stat(folder).st_mode
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in folder.parents) and mode & stat.S_IROTH and mode & stat.S_IXOTH
+
+
+def server_python(course_env: Path, run_dir: Path) -> Path:
+    """The interpreter the students' servers run: the course environment's own, if they may.
+
+    A course environment made from a Python in root's home (pyenv, here) cannot be run by the
+    students. Then a small environment of the system's Python of the same version stands in:
+    it imports the course environment's packages (one .pth file), so nothing is installed twice.
+    """
+    own = course_env / "bin" / "python"
+    if runnable_by_everyone(own):
+        return own
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = Path("/usr/bin") / version
+    if not system.exists() or not runnable_by_everyone(system):
+        raise HubError(f"{own} cannot be run by other users (its base Python is private) and there is "
+                       f"no {system} to stand in: install Debian's {version} or build the course "
+                       "environment from a Python every user can run")
+    bridge = run_dir / "server-env"
+    subprocess.run([str(system), "-m", "venv", "--without-pip", str(bridge)], check=True, timeout=120)
+    site = course_env / "lib" / version / "site-packages"
+    (bridge / "lib" / version / "site-packages" / "course-environment.pth").write_text(
+        f"import site; site.addsitedir({str(site)!r})\n")
+    return bridge / "bin" / "python"
+
+
+@contextlib.contextmanager
+def git_mirror(run_dir: Path, port: int):
+    """Serve a bare clone of this repository's HEAD read-only at git://127.0.0.1:port/distlab."""
+    served = run_dir / "git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(REPO), str(served / "distlab")], check=True, timeout=120)
+    daemon = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={served}", "--listen=127.0.0.1",
+                               f"--port={port}", "--reuseaddr", "--informative-errors", str(served / "distlab")],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        _wait_for(lambda: _answers(port), 15, "git daemon did not listen", daemon)
+        yield f"git://127.0.0.1:{port}/distlab"
+    finally:
+        _end(daemon)
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_for(ready, seconds: float, what: str, proc: subprocess.Popen, log: Path | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            state = f"exited with code {proc.returncode}" if proc.poll() is not None else f"not within {seconds:g} s"
+            raise HubError(f"{what} ({state}).\n{tail}")
+        time.sleep(0.2)
+
+
+def _end(proc: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM the process group we started, then SIGKILL what is left of it."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def _hub_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/hub/login", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_timeout: int = 120):
+    """Cluster, accounts, mirror and hub, all under ``run_dir``; yield what a user needs.
+
+    Yields ``{"url", "passwords", "slurm_conf", "cluster", "log", "mirror"}``. Leaving the block
+    stops the hub (and its proxy), cancels every job, ends the daemons; the accounts stay
+    (remove them with :func:`accounts.remove_accounts`).
+    """
+    if os.geteuid() != 0:
+        raise HubError("the course hub runs as root: PAM reads /etc/shadow, and each server's job is "
+                       "submitted as its student")
+    proxy = HERE / "node_modules" / ".bin" / "configurable-http-proxy"
+    if not proxy.exists():
+        raise HubError(f"{proxy} is missing: run `npm ci --prefix hub` (make hub does)")
+    course_env = Path(sys.prefix)
+    for needed in (REPO / "src", course_env / "lib"):
+        if not readable_by_everyone(needed):
+            raise HubError(f"{needed} is not readable by other users, and the students' servers run "
+                           "from it: put the repository where every user can read it (or chmod o+rx "
+                           "the folders above it)")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o755)  # the students' jobs read slurm.conf and use munge's socket below it
+    state = run_dir / "state"
+    state.mkdir(mode=0o700, exist_ok=True)  # the hub's database and cookie secret: root only
+    python = server_python(course_env, run_dir)
+    passwords = accounts.create_accounts(course, students=students)
+    with slurm_cluster.running_cluster(run_dir / "c") as cluster, git_mirror(run_dir, free_port()) as mirror:
+        port = free_port()
+        env = dict(os.environ, SLURM_CONF=cluster["slurm_conf"], DISTLAB_HUB_STATE=str(state),
+                   DISTLAB_HUB_COURSE=course, DISTLAB_HUB_PORT=str(port), DISTLAB_HUB_API_PORT=str(free_port()),
+                   DISTLAB_HUB_PROXY_API_PORT=str(free_port()), DISTLAB_HUB_COURSE_ENV=str(course_env),
+                   DISTLAB_HUB_SERVER_PYTHON=str(python), DISTLAB_HUB_QUEUE_TIMEOUT=str(queue_timeout),
+                   DISTLAB_HUB_PARTITION=cluster["partition"],
+                   DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}")
+        log = run_dir / "hub.log"
+        with open(log, "wb") as out:
+            hub = subprocess.Popen([str(course_env / "bin" / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")],
+                                   cwd=state, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_for(lambda: _hub_answers(url), START_TIMEOUT, "JupyterHub did not answer", hub, log)
+            yield {"url": url, "passwords": passwords, "slurm_conf": cluster["slurm_conf"],
+                   "cluster": cluster, "log": log, "mirror": mirror, "hub_pid": hub.pid}
+        finally:
+            _end(hub)
+
+
+def launch_link(url: str, notebook: str = "notebooks/00-first-steps/00-first-steps.ipynb") -> str:
+    """The link an exercise page's launch button makes when _config.yml names this hub."""
+    query = urllib.parse.urlencode({"repo": PUBLIC_REPO, "urlpath": f"lab/tree/distlab/{notebook}",
+                                    "branch": "main"}, safe="/")
+    return f"{url}/hub/user-redirect/git-pull?{query}"
+
+
+def up(course: str) -> int:
+    run_dir = Path(tempfile.mkdtemp(prefix="distlab-hub-", dir="/tmp"))
+    stopping = []
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    try:
+        with course_hub(run_dir, course) as hub:
+            print(f"\nThe demo course hub is up: {hub['url']}   (Ctrl-C ends it)\n", flush=True)
+            width = max(map(len, hub["passwords"]))
+            for user, password in hub["passwords"].items():
+                print(f"  {user:<{width}}  password {password}")
+            print(f"\nOpen chapter 0 as a student (the book's launch button, for this hub):\n  {launch_link(hub['url'])}")
+            print(f"\nSlurm: export SLURM_CONF={hub['slurm_conf']}; squeue    Hub log: {hub['log']}", flush=True)
+            while not stopping:
+                time.sleep(0.5)
+            print("\nstopping: hub, jobs, Slurm daemons ...")
+    except (HubError, slurm_cluster.ClusterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    print("stopped. The accounts stay until `make hub-clean` (python hub/demo.py clean).")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["up", "clean"])
+    parser.add_argument("--course", default=COURSE, help="account prefix and group names (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return up(args.course)
+    removed = accounts.remove_accounts(args.course)
+    print(f"removed {len(removed)} account(s): {' '.join(removed) or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""The course hub, end to end, in a real browser: JupyterHub + batchspawner on the private
+two-node Slurm cluster, PAM accounts, configurable-http-proxy from npm, nbgitpuller.
+
+One module-scoped hub (hub/demo.py's ``course_hub``: the same pieces `make hub` brings up,
+with a test course prefix ``dlt`` and a 20 s queue timeout). Students drive Debian's Chromium
+through Playwright; screenshots of every step go to artifacts/hub/. Nothing is mocked: PAM
+checks real passwords, every server is a Slurm job of its student, the notebook's ranks are
+`srun` steps of that job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from book_browser import CHROMIUM_ARGS, find_chromium
+from playwright.sync_api import expect, sync_playwright
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hub"))
+import accounts  # noqa: E402
+import demo  # noqa: E402
+
+COURSE = "dlt"
+ARTIFACTS = REPO / "artifacts" / "hub"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+
+@pytest.fixture(scope="module")
+def hub():
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="dlhub-", dir="/tmp"))  # short: Slurm's sockets live below
+    try:
+        with demo.course_hub(run_dir, COURSE, students=2, queue_timeout=20) as info:
+            yield info
+    except (demo.HubError, demo.slurm_cluster.ClusterError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    finally:
+        if (run_dir / "hub.log").exists():
+            shutil.copy(run_dir / "hub.log", ARTIFACTS / "hub.log")
+        accounts.remove_accounts(COURSE)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def squeue(hub, *args: str) -> list[list[str]]:
+    out = subprocess.run(["squeue", "--noheader", *args], capture_output=True, text=True, timeout=20,
+                         env=dict(os.environ, SLURM_CONF=hub["slurm_conf"]))
+    return [line.split() for line in out.stdout.splitlines() if line.strip()]
+
+
+def log_in(chromium, hub, user: str, password: str, step: str):
+    """A fresh browser profile on the hub's login page, the form filled in and sent."""
+    page = chromium.new_context(viewport={"width": 1280, "height": 860}).new_page()
+    page.set_default_timeout(30_000)
+    page.goto(hub["url"] + "/hub/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    page.screenshot(path=str(ARTIFACTS / f"{step}-login.png"))
+    page.click("input[type=submit], button[type=submit]")
+    return page
+
+
+def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
+    """`make hub`'s command, as a person runs it: up, the URL answers, Ctrl-C, nothing left."""
+    course = "dlu"
+    demo_cmd = [sys.executable, str(REPO / "hub" / "demo.py")]
+    proc = subprocess.Popen([*demo_cmd, "up", "--course", course], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 150
+        while not any("Hub log:" in line for line in lines) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        printed = "".join(lines)
+        assert "Hub log:" in printed, f"make hub did not come up:\n{printed}"
+        url = re.search(r"hub is up: (http://127\.0\.0\.1:\d+)", printed).group(1)
+        accounts_printed = re.findall(rf"^\s+({course}-\w+)\s+password (\S+)$", printed, re.M)
+        assert sorted(user for user, _ in accounts_printed) == [
+            f"{course}-instructor1", f"{course}-student1", f"{course}-student2", f"{course}-student3"]
+        assert demo.launch_link(url) in printed
+        with urllib.request.urlopen(url + "/hub/login", timeout=10) as response:
+            assert response.status == 200
+        run_dir = Path(re.search(r"Hub log: (\S+)/hub\.log", printed).group(1))
+        assert run_dir.is_dir()
+
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=90) == 0, "".join(lines)
+        assert not run_dir.exists(), "the run folder is left behind"
+        left = [p.pid for p in psutil.process_iter(["cmdline"])
+                if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+        assert not left, f"processes of the demo hub outlived it: {left}"
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/hub/login", timeout=5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        cleaned = subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
+    assert "removed 4 account(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
+    assert not accounts.course_accounts(course)
+
+
+def run_cell(page, cell, tries: int = 3) -> None:
+    """Select ``cell`` and press Shift+Enter; again if JupyterLab took no notice (a click that
+    lands while the notebook is still loading selects nothing)."""
+    for _ in range(tries):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            expect(cell.locator(".jp-InputArea-prompt")).not_to_have_text(re.compile(r"^\[ \]:$"), timeout=10_000)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"the cell did not start running after {tries} tries")
+
+
+def test_wrong_password_and_unknown_user_are_refused_and_nothing_spawns(hub, chromium):
+    student = f"{COURSE}-student1"
+    for user, password in ((student, "not-" + hub["passwords"][student]), ("nobody-here", "x")):
+        page = log_in(chromium, hub, user, password, "00-refused")
+        expect(page.locator("body")).to_contain_text("Invalid username or password")
+        assert "/hub/login" in page.url
+        page.screenshot(path=str(ARTIFACTS / f"00-refused-{user}.png"))
+        page.context.close()
+    assert squeue(hub) == [], "a refused login started a job"
+
+
+def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub, chromium):
+    student, other = f"{COURSE}-student1", f"{COURSE}-student2"
+    page = log_in(chromium, hub, student, hub["passwords"][student], "01")
+
+    # The spawn form: two profiles; pick the two-node one.
+    expect(page.locator("text=2 nodes, 1 task each")).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "02-spawn-form.png"))
+    page.check("input[name=profile][value='2x1']")
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    page.wait_for_url(re.compile(rf"/user/{student}/lab"), timeout=120_000)
+    expect(page.locator(".jp-LabShell")).to_be_visible(timeout=60_000)  # JupyterLab, not an error page
+    page.screenshot(path=str(ARTIFACTS / "03-server-running.png"))
+
+    # The server is a Slurm job of the student, on two nodes; its log is in the student's home.
+    jobs = squeue(hub, "--format=%i %u %T %D")
+    assert len(jobs) == 1 and jobs[0][1:] == [student, "RUNNING", "2"], jobs
+    job = jobs[0][0]
+    home = Path(f"/home/{student}")
+    assert (home / f"jupyterhub-slurm-{job}.log").exists()
+
+    # The book's launch button for chapter 0: nbgitpuller clones the course into the home.
+    page.goto(demo.launch_link(hub["url"]))
+    page.wait_for_url(re.compile(r"/lab/tree/distlab/notebooks/00-first-steps/00-first-steps\.ipynb"),
+                      timeout=120_000)
+    notebook = page.locator(".jp-NotebookPanel:visible")
+    expect(notebook.locator(".jp-Cell").first).to_be_visible(timeout=60_000)
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_visible(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "04-chapter-0-opened.png"))
+    assert (home / "distlab" / "notebooks" / "00-first-steps" / "00-first-steps.ipynb").exists()
+    assert (home / "distlab").stat().st_uid == (home).stat().st_uid, "the clone is not the student's"
+
+    # Run the notebook's first code cell, then a cell on two ranks: each reports its node.
+    first = notebook.locator(".jp-CodeCell").first
+    run_cell(page, first)
+    expect(first.locator(".jp-InputArea-prompt")).to_contain_text("[1]", timeout=90_000)
+    page.keyboard.press("Escape")
+    page.keyboard.press("a")  # a new cell above the one now selected
+    page.keyboard.press("Enter")
+    page.keyboard.insert_text("%load_ext distlab")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.press("Escape")
+    page.keyboard.press("a")
+    page.keyboard.press("Enter")
+    page.keyboard.insert_text('%%distributed -n 2\nimport os\nprint("runs on", os.environ["SLURMD_NODENAME"])')
+    page.keyboard.press("Shift+Enter")
+    output = notebook.locator(".jp-OutputArea-output", has_text="runs on")
+    expect(output.first).to_contain_text("[rank 1]", timeout=120_000)
+    text = " ".join(output.all_inner_texts())
+    page.screenshot(path=str(ARTIFACTS / "05-ranks-on-two-nodes.png"))
+    nodes = dict(re.findall(r"\[rank (\d)\][^\n]*runs on (\S+)", text))
+    assert set(nodes) == {"0", "1"} and len(set(nodes.values())) == 2, text
+
+    # Another student can neither open this server through the hub ...
+    intruder = log_in(chromium, hub, other, hub["passwords"][other], "06")
+    intruder.wait_for_url(re.compile(r"/hub/spawn"))
+    response = intruder.goto(f"{hub['url']}/user/{student}/lab")
+    expect(intruder.locator("body")).to_contain_text(f"You do not have permission to access Server at /user/{student}/")
+    intruder.screenshot(path=str(ARTIFACTS / "06-other-student-refused.png"))
+    assert response.status == 403 and not intruder.locator(".jp-LabShell").count()
+    intruder.context.close()
+    # ... nor read this student's files from a process of theirs.
+    peek = subprocess.run(["/usr/sbin/runuser", "-u", other, "--", "ls", str(home)],
+                          capture_output=True, text=True, timeout=20)
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr
+
+    # Stop the server from the hub's control panel: the job ends.
+    page.goto(hub["url"] + "/hub/home")
+    page.click("#stop")
+    expect(page.locator("#stop")).to_be_hidden(timeout=60_000)
+    expect(page.locator("#start")).to_have_text(re.compile(r"^\s*Start My Server\s*$"))
+    page.screenshot(path=str(ARTIFACTS / "07-server-stopped.png"))
+    deadline = time.monotonic() + 30
+    while squeue(hub) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert squeue(hub) == [], "the server's job is still in the queue after Stop"
+    assert (home / "distlab" / "notebooks").is_dir(), "stopping the server lost the student's files"
+    page.context.close()
+
+
+def scontrol(hub, *args: str) -> None:
+    subprocess.run(["scontrol", *args], check=True, capture_output=True, timeout=20,
+                   env=dict(os.environ, SLURM_CONF=hub["slurm_conf"]))
+
+
+def test_a_job_that_cannot_start_is_cancelled_and_the_student_told_why(hub, chromium):
+    """Partition down: the job waits, the queue timeout (20 s here) cancels it, the spawn page says why."""
+    student = f"{COURSE}-student2"
+    scontrol(hub, "update", f"PartitionName={hub['cluster']['partition']}", "State=DOWN")
+    try:
+        page = log_in(chromium, hub, student, hub["passwords"][student], "08")
+        page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+        expect(page.locator("body")).to_contain_text("pending in the queue (reason: PartitionDown)", timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "08-spawn-pending-partition-down.png"))
+        expect(page.locator("body")).to_contain_text("Your server could not start", timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "09-spawn-failed-partition-down.png"))
+        message = page.locator("body").inner_text()
+        assert "PartitionDown" in message and "has been cancelled" in message, message
+        assert squeue(hub) == [], "the refused job is still in the queue"
+        page.context.close()
+    finally:
+        scontrol(hub, "update", f"PartitionName={hub['cluster']['partition']}", "State=UP")
+
+
+def test_a_server_past_its_time_limit_is_noticed_and_can_start_again(hub, chromium):
+    """Slurm ends the job at its --time limit (cut to 1 minute here); within a minute of that
+    the hub shows the server stopped and offers a new start; the student's files stay."""
+    student = f"{COURSE}-student2"
+    page = log_in(chromium, hub, student, hub["passwords"][student], "10")
+    page.check("input[name=profile][value='1x2']")
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    expect(page.locator(".jp-LabShell")).to_be_visible(timeout=120_000)
+    kept = Path(f"/home/{student}/my-work.txt")
+    subprocess.run(["/usr/sbin/runuser", "-u", student, "--", "sh", "-c", f"echo mine > {kept}"], check=True)
+    (job, user, nodes), = [row[:3] for row in squeue(hub, "--format=%i %u %D")]
+    assert (user, nodes) == (student, "1")
+    scontrol(hub, "update", f"JobId={job}", "TimeLimit=1")  # the shortest limit Slurm has
+    deadline = time.monotonic() + 120
+    while squeue(hub) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not squeue(hub), "Slurm did not end the job at its time limit"
+    ended = time.monotonic()
+    page.goto(hub["url"] + "/hub/home")
+    offered = re.compile(r"^\s*Start My Server\s*$")
+
+    def offers_a_start() -> bool:
+        return not page.locator("#stop").is_visible() and bool(offered.match(page.locator("#start").inner_text()))
+
+    while not offers_a_start() and time.monotonic() - ended < 60:
+        time.sleep(2)
+        page.reload()
+    noticed = time.monotonic() - ended
+    page.screenshot(path=str(ARTIFACTS / "10-time-limit-reached-start-again.png"))
+    assert offers_a_start(), "the hub still shows the server as running a minute after its job ended"
+    print(f"the hub noticed the job's end after {noticed:.0f} s")
+    assert kept.read_text() == "mine\n"
+    page.context.close()
