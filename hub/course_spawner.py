@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import html
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 from batchspawner import SlurmSpawner
-from traitlets import Dict, Integer, default
+from traitlets import Dict, Integer, Unicode, default
 
 PROFILES = {
     "1x2": {"title": "1 node, 2 tasks", "nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1},
@@ -36,6 +37,7 @@ class SpawnRefused(RuntimeError):
 class CourseSlurmSpawner(SlurmSpawner):
     profiles = Dict(PROFILES, help="name -> {title, nodes, tasks_per_node, cpus_per_task[, options]}").tag(config=True)
     queue_timeout = Integer(120, help="seconds a job may wait in the queue before it is cancelled").tag(config=True)
+    listen_ip = Unicode("0.0.0.0", help="the address a server listens on, on its node").tag(config=True)
 
     # %r: why a pending job waits; %B: the node the batch script (and so the server) runs on.
     batch_query_cmd = "squeue -h -j {job_id} -o '%T %r %B'"
@@ -81,6 +83,18 @@ class CourseSlurmSpawner(SlurmSpawner):
     async def cancel_batch_job(self):
         if self.job_id:  # nothing to cancel once a refused job has been cancelled and forgotten
             await super().cancel_batch_job()
+
+    def get_env(self) -> dict:
+        """The job's environment, with the server told to listen on ``listen_ip``.
+
+        batchspawner resets the spawner's ``ip`` to ``0.0.0.0`` before each start (it cannot
+        know the node in advance), and the server listens where JUPYTERHUB_SERVICE_URL says.
+        """
+        env = super().get_env()
+        if "JUPYTERHUB_SERVICE_URL" in env:
+            url = urlsplit(env["JUPYTERHUB_SERVICE_URL"])
+            env["JUPYTERHUB_SERVICE_URL"] = urlunsplit(url._replace(netloc=f"{self.listen_ip}:{url.port}"))
+        return env
 
     def state_gethost(self) -> str:
         return self.job_status.split()[-1]

@@ -83,6 +83,9 @@ c.CourseSlurmSpawner.exec_prefix = "/usr/sbin/runuser -u {username} --"
 c.CourseSlurmSpawner.batch_script = (HERE / "slurm-job.sh").read_text()
 c.CourseSlurmSpawner.req_partition = os.environ.get("DISTLAB_HUB_PARTITION", "debug")  # CENTRE
 c.CourseSlurmSpawner.req_options = os.environ.get("DISTLAB_HUB_SBATCH_OPTIONS", "")  # CENTRE: --account=...
+# Where a server listens on its node: here every "node" is this machine, so loopback only.
+# CENTRE: the nodes' cluster-internal address (or 0.0.0.0 on a private network).
+c.CourseSlurmSpawner.listen_ip = os.environ.get("DISTLAB_HUB_SERVER_IP", "127.0.0.1")
 c.CourseSlurmSpawner.profiles = PROFILES  # CENTRE: add "--gres=gpu:4" to a profile's options
 # How long a job may wait in the queue before the student is told and the job cancelled.
 c.CourseSlurmSpawner.queue_timeout = int(os.environ.get("DISTLAB_HUB_QUEUE_TIMEOUT", "120"))

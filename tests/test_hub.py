@@ -198,6 +198,30 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     nodes = dict(re.findall(r"\[rank (\d)\][^\n]*runs on (\S+)", text))
     assert set(nodes) == {"0", "1"} and len(set(nodes.values())) == 2, text
 
+    # The server listens on loopback only (the demo's nodes are this machine).
+    listening = {c.laddr.ip for p in psutil.process_iter(["cmdline", "username"])
+                 if p.info["username"] == student and "jupyterhub-singleuser" in " ".join(p.info["cmdline"] or [])
+                 for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    assert listening == {"127.0.0.1"}, listening
+
+    # From inside this server, another student's home cannot be read.
+    page.keyboard.press("Escape")
+    page.keyboard.press("a")
+    page.keyboard.press("Enter")
+    page.keyboard.insert_text(f'import os\nos.listdir("/home/{other}")')
+    page.keyboard.press("Shift+Enter")
+    expect(notebook.locator(".jp-OutputArea-output", has_text="PermissionError").first).to_be_visible(timeout=30_000)
+
+    # Save, follow the launch link again: nbgitpuller pulls and keeps the student's edits.
+    page.keyboard.press("Control+s")
+    expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=20_000)
+    page.goto(demo.launch_link(hub["url"]))
+    page.wait_for_url(re.compile(r"/lab/tree/distlab/notebooks/00-first-steps/00-first-steps\.ipynb"),
+                      timeout=120_000)
+    expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+    saved = (home / "distlab" / "notebooks" / "00-first-steps" / "00-first-steps.ipynb").read_text()
+    assert "%%distributed -n 2" in saved, "following the launch link again lost the student's edits"
+
     # Another student can neither open this server through the hub ...
     intruder = log_in(chromium, hub, other, hub["passwords"][other], "06")
     intruder.wait_for_url(re.compile(r"/hub/spawn"))
@@ -206,7 +230,8 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     intruder.screenshot(path=str(ARTIFACTS / "06-other-student-refused.png"))
     assert response.status == 403 and not intruder.locator(".jp-LabShell").count()
     intruder.context.close()
-    # ... nor read this student's files from a process of theirs.
+    # ... nor read this student's files from a process of theirs (the other direction was
+    # tried from inside this student's server above).
     peek = subprocess.run(["/usr/sbin/runuser", "-u", other, "--", "ls", str(home)],
                           capture_output=True, text=True, timeout=20)
     assert peek.returncode != 0 and "Permission denied" in peek.stderr
