@@ -34,7 +34,7 @@ c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
 
 WORK = _grading.work_dir(_REPO)
 
-c.CourseDirectory.course_id = "distlab"
+c.CourseDirectory.course_id = _grading.COURSE_ID
 c.CourseDirectory.root = _REPO
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "notebooks"
@@ -43,12 +43,18 @@ c.CourseDirectory.autograded_directory = os.path.relpath(os.path.join(WORK, "aut
 c.CourseDirectory.feedback_directory = os.path.relpath(os.path.join(WORK, "feedback"), _REPO)
 c.CourseDirectory.solution_directory = os.path.relpath(os.path.join(WORK, "released-solutions"), _REPO)
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(WORK, "gradebook.db")
-c.Exchange.root = os.path.join(WORK, "exchange")
+# The exchange students fetch from and submit to (nbgrader's shared multi-user exchange): on
+# the course hub it is a folder every user can write (hub/README.md); by default a private one.
+c.Exchange.root = _grading.exchange_root()
 # Collect: grader/work/downloaded/<slug>/archive/ holds one <student_id>.zip (or a folder
 # <student_id>/) per student with <slug>.ipynb inside; `nbgrader zip_collect` extracts and
 # copies them to submitted/<student_id>/<slug>/.
 c.ZipCollectApp.downloaded_directory = os.path.relpath(os.path.join(WORK, "downloaded"), _REPO)
 c.FileNameCollectorPlugin.named_regexp = _grading.COLLECT_REGEXP
+
+# Late submissions (after the due date `publish --due` sets): the course's policy is that a
+# late submission scores 0; nbgrader records how late it was. ("none" keeps the points.)
+c.LateSubmissionPlugin.penalty_method = "zero"
 
 # Release: the student version must not carry outputs of the instructor's runs.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

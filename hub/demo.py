@@ -93,11 +93,40 @@ def server_python(course_env: Path, run_dir: Path) -> Path:
     return bridge / "bin" / "python"
 
 
+INSTRUCTOR_ONLY = ("solutions", "grader", "tests")
+"""Top-level folders of the repository that students must not see: the instructor's notebooks
+(with solutions and hidden tests), the grader's files, and the tests (which hold the answers
+they check)."""
+
+
+def student_edition(served: Path) -> None:
+    """A bare repository whose only commit is this repository's HEAD without INSTRUCTOR_ONLY.
+
+    One commit with no parent: a student who fetches the whole history finds no solutions in
+    it either (objects unreachable from the served branch are never sent).
+    """
+    def git(*args: str, stdin: str | None = None) -> str:
+        return subprocess.run(["git", "-C", str(served), *args], input=stdin, capture_output=True, text=True,
+                              check=True, timeout=120).stdout.strip()
+
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(REPO), str(served)], check=True, timeout=120)
+    entries = [line for line in git("ls-tree", "HEAD").splitlines() if line.split("\t", 1)[1] not in INSTRUCTOR_ONLY]
+    tree = git("mktree", stdin="\n".join(entries) + "\n")
+    commit = git("commit-tree", tree, "-m", "The course, student edition: this repository without "
+                 + ", ".join(f"{name}/" for name in INSTRUCTOR_ONLY))
+    for ref in git("for-each-ref", "--format=%(refname)").splitlines():
+        git("update-ref", "-d", ref)
+    git("update-ref", "refs/heads/main", commit)
+    git("symbolic-ref", "HEAD", "refs/heads/main")
+    git("reflog", "expire", "--expire=now", "--all")
+    git("gc", "--quiet", "--prune=now")
+
+
 @contextlib.contextmanager
 def git_mirror(run_dir: Path, port: int):
-    """Serve a bare clone of this repository's HEAD read-only at git://127.0.0.1:port/distlab."""
+    """Serve the student edition read-only at git://127.0.0.1:port/distlab."""
     served = run_dir / "git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", str(REPO), str(served / "distlab")], check=True, timeout=120)
+    student_edition(served / "distlab")
     daemon = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={served}", "--listen=127.0.0.1",
                                f"--port={port}", "--reuseaddr", "--informative-errors", str(served / "distlab")],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -107,6 +136,15 @@ def git_mirror(run_dir: Path, port: int):
         yield f"git://127.0.0.1:{port}/distlab"
     finally:
         _end(daemon)
+
+
+def make_instructor_folders_private() -> list[Path]:
+    """chmod o-rwx the repository's INSTRUCTOR_ONLY folders: the students' servers read the
+    repository (the course environment is installed from it), but not these."""
+    folders = [REPO / name for name in INSTRUCTOR_ONLY]
+    for folder in folders:
+        os.chmod(folder, os.stat(folder).st_mode & ~0o007)
+    return folders
 
 
 def _answers(port: int) -> bool:
@@ -170,6 +208,14 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     os.chmod(run_dir, 0o755)  # the students' jobs read slurm.conf and use munge's socket below it
     state = run_dir / "state"
     state.mkdir(mode=0o700, exist_ok=True)  # the hub's database and cookie secret: root only
+    grading = run_dir / "grading"
+    grading.mkdir(mode=0o700, exist_ok=True)  # the gradebook, submissions, feedback: root only
+    exchange = run_dir / "exchange"
+    exchange.mkdir(exist_ok=True)
+    # nbgrader's shared exchange: every user may write (nbgrader's docs); the sticky bit keeps
+    # anyone but its owner from renaming or deleting the course's folder in it.
+    os.chmod(exchange, 0o1777)
+    make_instructor_folders_private()
     python = server_python(course_env, run_dir)
     passwords = accounts.create_accounts(course, students=students)
     with slurm_cluster.running_cluster(run_dir / "c") as cluster, git_mirror(run_dir, free_port()) as mirror:
@@ -179,7 +225,7 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                    DISTLAB_HUB_PROXY_API_PORT=str(free_port()), DISTLAB_HUB_COURSE_ENV=str(course_env),
                    DISTLAB_HUB_SERVER_PYTHON=str(python), DISTLAB_HUB_QUEUE_TIMEOUT=str(queue_timeout),
                    DISTLAB_HUB_PARTITION=cluster["partition"],
-                   DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}")
+                   DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}", DISTLAB_HUB_EXCHANGE=str(exchange))
         log = run_dir / "hub.log"
         with open(log, "wb") as out:
             hub = subprocess.Popen([str(course_env / "bin" / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")],
@@ -189,7 +235,10 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
         try:
             _wait_for(lambda: _hub_answers(url), START_TIMEOUT, "JupyterHub did not answer", hub, log)
             yield {"url": url, "passwords": passwords, "slurm_conf": cluster["slurm_conf"],
-                   "cluster": cluster, "log": log, "mirror": mirror, "hub_pid": hub.pid}
+                   "cluster": cluster, "log": log, "mirror": mirror, "hub_pid": hub.pid, "exchange": exchange,
+                   "server_python": python,
+                   # what the instructor's `python -m distlab.grade` needs in its environment
+                   "grade_env": {"DISTLAB_GRADE_WORK": str(grading), "DISTLAB_GRADE_EXCHANGE": str(exchange)}}
         finally:
             _end(hub)
 
@@ -213,6 +262,11 @@ def up(course: str) -> int:
             for user, password in hub["passwords"].items():
                 print(f"  {user:<{width}}  password {password}")
             print(f"\nOpen chapter 0 as a student (the book's launch button, for this hub):\n  {launch_link(hub['url'])}")
+            grade_env = " ".join(f"{k}={v}" for k, v in hub["grade_env"].items())
+            print("\nThe instructor (root, in this repository) releases, collects, grades and returns:\n"
+                  f"  export {grade_env}\n"
+                  "  .venv/bin/python -m distlab.grade publish 00-first-steps\n"
+                  "  .venv/bin/python -m distlab.grade collect 00-first-steps   # then autograde, feedback, return")
             print(f"\nSlurm: export SLURM_CONF={hub['slurm_conf']}; squeue    Hub log: {hub['log']}", flush=True)
             while not stopping:
                 time.sleep(0.5)

@@ -60,9 +60,11 @@ c.Spawner.environment = {
     # kernels and the ranks that distlab starts with srun use it on every node.
     "PATH": f"{server_python.parent}:{course_env / 'bin'}:/usr/local/bin:/usr/bin:/bin",
     "SLURM_CONF": os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"),
-    # Jupyter's extensions (nbgitpuller), kernels and JupyterLab's assets: the course
-    # environment's, whichever Python runs it.
-    "JUPYTER_CONFIG_PATH": str(course_env / "etc" / "jupyter"),
+    # Jupyter's settings: first the hub's (hub/jupyter: nbgrader's course and exchange, and
+    # the instructor-only parts of nbgrader switched off), then the course environment's
+    # extensions (nbgitpuller, nbgrader), kernels and JupyterLab's assets.
+    "JUPYTER_CONFIG_PATH": f"{HERE / 'jupyter'}:{course_env / 'etc' / 'jupyter'}",
+    "DISTLAB_HUB_EXCHANGE": os.environ.get("DISTLAB_HUB_EXCHANGE", "/srv/nbgrader/exchange"),  # CENTRE
     "JUPYTER_PATH": str(course_env / "share" / "jupyter"),
     "JUPYTERLAB_DIR": str(course_env / "share" / "jupyter" / "lab"),
     "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",  # compute nodes have no internet

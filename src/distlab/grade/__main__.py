@@ -2,6 +2,16 @@
 
     release  [SLUG ...]                 solutions/<slug>/ -> notebooks/<slug>/ (the student version)
     collect  SLUG --from DIR            DIR/<student_id>.zip or DIR/<student_id>/<slug>.ipynb -> submitted/
+
+On the course hub, through nbgrader's exchange (hub/README.md):
+
+    publish  SLUG [--due DATE]          release the student version to the exchange
+    due      SLUG DATE                  set (or move) the due date; later submissions are late
+    collect  SLUG                       the latest submission of each student -> submitted/
+    return   SLUG                       feedback (made by ``feedback``) back to the exchange
+
+and in both cases:
+
     autograde SLUG [--student ID ...]   run and score every submission (clean-room tests)
     feedback SLUG [--student ID ...]    HTML feedback per student, hidden tests removed
     export   [--to FILE]                every score as CSV (default grader/work/grades.csv)
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +49,9 @@ def say(message: str) -> None:
 EXTRA: list[str] = []
 """nbgrader options passed through from our command line (``--Class.trait=value``)."""
 
+OUTPUT: list[str] = []
+"""What the last nbgrader command printed, line by line."""
+
 
 def nbgrader(*args: str) -> int:
     """Run ``nbgrader ARGS`` with the course config, streaming its log; return its exit code."""
@@ -52,10 +66,27 @@ def nbgrader(*args: str) -> int:
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(repo, "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.Popen(command, cwd=os.path.join(repo, "grader"), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    OUTPUT.clear()
     for line in proc.stdout:
+        OUTPUT.append(line.rstrip())
         if not any(q in line for q in QUIET):
             print("    " + line.rstrip(), flush=True)
     return proc.wait()
+
+
+def ungraded(lines: list[str]) -> dict[str, str]:
+    """``{student: reason}`` for each submission nbgrader could not grade at all (a file that
+    is not a notebook, say), the reason being the last exception line it logged before."""
+    found, reason = {}, "see the log above"
+    for line in lines:
+        text = line.strip()
+        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*: ", text):
+            reason = text
+        failed = re.search(r"error processing assignment '[^']+' for student '([^']+)'", text)
+        if failed:
+            found[failed.group(1)] = reason
+            reason = "see the log above"
+    return found
 
 
 def slugs_in(folder: str) -> list[str]:
@@ -92,6 +123,36 @@ def collect(slug: str, source: str) -> int:
     return nbgrader("zip_collect", slug, "--force")
 
 
+def publish(slug: str, due: str | None) -> int:
+    """Generate the student version into the work folder (which also enters it in the gradebook)
+    and release it to the exchange, with a due date if given."""
+    staged = os.path.join(config.work_dir(), "release")
+    if release([slug], to=staged):
+        return 1
+    if due and set_due_date(slug, due):
+        return 1
+    return nbgrader("release_assignment", slug, "--force", f"--CourseDirectory.release_directory={staged}")
+
+
+def set_due_date(slug: str, due: str) -> int:
+    return nbgrader("db", "assignment", "add", slug, f"--duedate={due}")
+
+
+def collect_from_exchange(slug: str) -> int:
+    """``nbgrader collect``, after setting aside any submission whose files are not owned by the
+    student it names: ``nbgrader submit --student=<anyone>`` lets a student pick the name."""
+    from distlab.grade import exchange
+
+    refused = exchange.set_aside_impostors(slug)
+    for line in refused:
+        say(f"collect: REFUSED {line}")
+    return nbgrader("collect", slug, "--update")
+
+
+def return_feedback(slug: str) -> int:
+    return nbgrader("release_feedback", slug)
+
+
 def _students(args) -> list[str]:
     return [f"--student={s}" for s in (args.student or [])]
 
@@ -99,6 +160,8 @@ def _students(args) -> list[str]:
 def autograde(slug: str, students: list[str]) -> int:
     start = time.monotonic()
     code = nbgrader("autograde", slug, "--force", *students)
+    for student, reason in ungraded(OUTPUT).items():
+        say(f"autograde {slug}: {student} NOT GRADED (scores 0): {reason}")
     say(f"autograde {slug}: {'done' if code == 0 else 'done, with failures (see above)'} "
         f"in {time.monotonic() - start:.1f} s")
     return code
@@ -124,9 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("release", help="generate notebooks/ from solutions/")
     p.add_argument("slugs", nargs="*")
     p.add_argument("--to", help="release into this folder instead of notebooks/ (to preview)")
-    p = sub.add_parser("collect", help="collect submissions (zip files or folders per student)")
+    p = sub.add_parser("collect", help="collect submissions: from the exchange, or --from a folder of zips")
     p.add_argument("slug")
-    p.add_argument("--from", dest="source", required=True)
+    p.add_argument("--from", dest="source", help="folder of <student_id>.zip files (default: the exchange)")
+    p = sub.add_parser("publish", help="release an assignment to the exchange")
+    p.add_argument("slug")
+    p.add_argument("--due", help='due date, e.g. "2026-12-01 17:00:00 Europe/Berlin"')
+    p = sub.add_parser("due", help="set the due date of an assignment")
+    p.add_argument("slug")
+    p.add_argument("date", help='e.g. "2026-12-01 17:00:00 Europe/Berlin"')
+    p = sub.add_parser("return", help="release generated feedback to the exchange")
+    p.add_argument("slug")
     for name in ("autograde", "feedback"):
         p = sub.add_parser(name)
         p.add_argument("slug")
@@ -146,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "release":
         return release(args.slugs, args.to)
     if args.command == "collect":
-        return collect(args.slug, args.source)
+        return collect(args.slug, args.source) if args.source else collect_from_exchange(args.slug)
+    if args.command == "publish":
+        return publish(args.slug, args.due)
+    if args.command == "due":
+        return set_due_date(args.slug, args.date)
+    if args.command == "return":
+        return return_feedback(args.slug)
     if args.command == "autograde":
         return autograde(args.slug, _students(args))
     if args.command == "feedback":

@@ -18,6 +18,10 @@ COLLECT_REGEXP = r".*/(?P<student_id>[A-Za-z0-9][A-Za-z0-9.@+-]*)/(?:.*/)?(?P<fi
 digits and ``. @ + -`` (no ``/``, no ``_`` at the start)."""
 
 
+COURSE_ID = "distlab"
+"""nbgrader's course id: the exchange keeps each course's files under it."""
+
+
 def repo_root() -> str:
     """The course root: the repository this distlab comes from (``src/distlab/grade`` → ``.``)."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -26,6 +30,11 @@ def repo_root() -> str:
 def work_dir(repo: str | None = None) -> str:
     """The git-ignored working folder (``DISTLAB_GRADE_WORK`` overrides ``grader/work``)."""
     return os.path.abspath(os.environ.get("DISTLAB_GRADE_WORK") or os.path.join(repo or repo_root(), "grader", "work"))
+
+
+def exchange_root() -> str:
+    """nbgrader's exchange: ``DISTLAB_GRADE_EXCHANGE`` on the course hub, else ``<work>/exchange``."""
+    return os.path.abspath(os.environ.get("DISTLAB_GRADE_EXCHANGE") or os.path.join(work_dir(), "exchange"))
 
 
 def protected_paths(repo: str | None = None) -> list[str]:

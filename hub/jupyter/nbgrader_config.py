@@ -1,0 +1,18 @@
+"""nbgrader's settings for everyone on the course hub (students' servers and the nbgrader CLI).
+
+The job's JUPYTER_CONFIG_PATH starts with this folder (hub/jupyterhub_config.py), so the
+Assignments tab and `nbgrader fetch_assignment / submit / fetch_feedback` find the course and
+its exchange without any setup by the student.
+"""
+
+import os
+
+c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
+
+# One course per hub here; CENTRE: the id your instructors release under.
+c.CourseDirectory.course_id = "distlab"
+# nbgrader's shared multi-user exchange: a folder every user may write, on a filesystem every
+# node mounts. nbgrader makes its own sub-folders: outbound/ (released, readable by all),
+# inbound/ (submissions: students may write but not list it), feedback/ (one file per
+# submission, named by a hash of the submitted notebook, which only its author has).
+c.Exchange.root = os.environ.get("DISTLAB_HUB_EXCHANGE", "/srv/nbgrader/exchange")

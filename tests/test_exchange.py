@@ -1,0 +1,233 @@
+"""Hand-in and feedback through the course hub: nbgrader's exchange, end to end.
+
+The demo hub (hub/demo.py's ``course_hub``, course prefix ``dle``) with six students. The
+instructor (root, as on the demo machine) publishes chapter 0 with ``python -m distlab.grade``;
+student 1 works in a browser (Assignments tab: fetch, answer, run on their Slurm allocation,
+submit; later fetch the feedback and read the score); the others use nbgrader's CLI as their
+own Unix users: one correct (submitted twice, the latest counts), one blank, one hostile, one
+malformed, one late. The instructor collects, autogrades with distlab's hardened grader,
+makes feedback and returns it. Then: the grades, that no hidden test reaches any feedback, and
+that the students cannot see each other's work nor the instructor's files.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import grading_support as grading
+import pytest
+from book_browser import CHROMIUM_ARGS, find_chromium
+from playwright.sync_api import expect, sync_playwright
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hub"))
+sys.path.insert(0, str(REPO / "grader" / "hostile"))
+import accounts  # noqa: E402
+import build as hostile  # noqa: E402
+import demo  # noqa: E402
+
+COURSE = "dle"
+SLUG = grading.SLUG
+ARTIFACTS = REPO / "artifacts" / "exchange"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def course():
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="dlex-", dir="/tmp"))
+    try:
+        with demo.course_hub(run_dir, COURSE, students=6, queue_timeout=30) as info:
+            yield info
+    except (demo.HubError, demo.slurm_cluster.ClusterError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    finally:
+        if (run_dir / "hub.log").exists():
+            shutil.copy(run_dir / "hub.log", ARTIFACTS / "hub.log")
+        accounts.remove_accounts(COURSE)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def instructor(course, *args: str) -> subprocess.CompletedProcess:
+    """``python -m distlab.grade ARGS`` as the instructor runs it on the hub machine."""
+    proc = subprocess.run([sys.executable, "-m", "distlab.grade", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=400, env=dict(os.environ, **course["grade_env"]))
+    (ARTIFACTS / "instructor.log").open("a").write(f"$ grade {' '.join(args)}\n{proc.stdout}{proc.stderr}\n")
+    return proc
+
+
+def as_student(course, user: str, script: str, **env: str) -> subprocess.CompletedProcess:
+    """A shell ``script`` run by ``user`` with the environment their server's job has."""
+    job_env = {"HOME": f"/home/{user}", "USER": user, "LOGNAME": user,
+               "PATH": f"{Path(course['server_python']).parent}:/usr/bin:/bin",
+               "JUPYTER_CONFIG_PATH": f"{REPO / 'hub' / 'jupyter'}:{Path(sys.prefix) / 'etc' / 'jupyter'}",
+               "JUPYTER_PATH": str(Path(sys.prefix) / "share" / "jupyter"),
+               "DISTLAB_HUB_EXCHANGE": str(course["exchange"]), **env}
+    return subprocess.run(["/usr/sbin/runuser", "-u", user, "--", "env", "-i",
+                           *[f"{k}={v}" for k, v in job_env.items()], "bash", "-c", f"cd ~ && {script}"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def submit_cli(course, user: str, notebook: bytes, options: str = "") -> None:
+    """Fetch, replace the notebook with ``notebook``, submit: the nbgrader CLI, as ``user``."""
+    staged = Path(tempfile.mkdtemp(dir="/tmp", prefix="dlex-nb-"))
+    os.chmod(staged, 0o755)
+    (staged / "answer.ipynb").write_bytes(notebook)
+    os.chmod(staged / "answer.ipynb", 0o644)
+    try:
+        proc = as_student(course, user, f"(test -d {SLUG} || python -m nbgrader fetch_assignment {SLUG}) && "
+                                        f"cp {staged}/answer.ipynb {SLUG}/{SLUG}.ipynb && "
+                                        f"python -m nbgrader submit {SLUG} {options}")
+        assert proc.returncode == 0 and "Submitted as" in proc.stderr + proc.stdout, proc.stderr
+    finally:
+        shutil.rmtree(staged)
+
+
+def released_notebook(course) -> Path:
+    return Path(course["exchange"]) / "distlab" / "outbound" / SLUG / f"{SLUG}.ipynb"
+
+
+def open_assignments(page) -> None:
+    page.click("text=Nbgrader")
+    page.click(".lm-Menu-itemLabel >> text=Assignment List")
+    expect(page.locator("#released_assignments_list")).to_be_attached()
+
+
+def run_cell(page, cell) -> None:
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    expect(cell.locator(".jp-InputArea-prompt")).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=120_000)
+
+
+def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
+    students = sorted(u for u in course["passwords"] if "student" in u)
+    browser_student, correct, blank, hostile_student, malformed, late = students
+    assert instructor(course, "publish", SLUG).returncode == 0, (ARTIFACTS / "instructor.log").read_text()
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS)
+        page = chromium.new_page(viewport={"width": 1280, "height": 860})
+        page.set_default_timeout(60_000)
+
+        # -- Student 1, in the browser: log in, start a server (a Slurm job), fetch.
+        page.goto(course["url"] + "/hub/login")
+        page.fill("input[name=username]", browser_student)
+        page.fill("input[name=password]", course["passwords"][browser_student])
+        page.click("input[type=submit], button[type=submit]")
+        page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+        expect(page.locator(".jp-LabShell")).to_be_visible(timeout=120_000)
+        open_assignments(page)
+        page.click(f"#released_assignments_list .list_item:has-text('{SLUG}') button:has-text('Fetch')")
+        fetched = page.locator(f"#fetched_assignments_list .list_item:has-text('{SLUG}')").first
+        expect(fetched.locator("button:has-text('Submit')")).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "01-assignments-fetched.png"))
+
+        # Open the notebook from the list, answer task 1, run its test on the allocation, save.
+        fetched.locator("a.assignment-notebooks-link").click()
+        fetched.locator(".nested_list_item a").click()
+        notebook = page.locator(".jp-NotebookPanel:visible")
+        expect(notebook.locator(".jp-CodeCell").first).to_be_visible(timeout=60_000)
+        answer = notebook.locator(".jp-CodeCell", has_text="def my_rank():")
+        answer.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+a")
+        page.keyboard.insert_text('def my_rank():\n    """My global rank."""\n    return dist.get_rank()')
+        cells = notebook.locator(".jp-CodeCell")
+        run_cell(page, cells.nth(0))                                          # imports
+        run_cell(page, answer)                                                # the answer
+        task1_tests = notebook.locator(".jp-CodeCell", has_text="# Task 1 tests")
+        run_cell(page, task1_tests)                                           # 4 ranks, srun
+        assert not task1_tests.locator(".jp-OutputArea-output[data-mime-type*='error']").count()
+        page.keyboard.press("Control+s")
+        expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=20_000)
+        page.screenshot(path=str(ARTIFACTS / "02-answered-and-tested.png"))
+
+        # Submit from the Assignments tab.
+        page.click(".lm-TabBar-tab:has-text('Assignments')")
+        page.click("#refresh_assignments_list")
+        fetched = page.locator(f"#fetched_assignments_list .list_item:has-text('{SLUG}')").first
+        page.screenshot(path=str(ARTIFACTS / "03-before-submit.png"))
+        fetched.locator("button:has-text('Submit')").click()
+        expect(page.locator(f"#submitted_assignments_list .list_item:has-text('{SLUG}')").first).to_be_visible()
+
+        # -- The other students, through nbgrader's CLI as their own Unix users.
+        release = released_notebook(course)
+        solved = grading.with_answers(release, grading.solution_answers(SLUG))
+        submit_cli(course, correct, release.read_bytes())      # a first, blank try ...
+        submit_cli(course, correct, solved)                    # ... then the real one: the latest counts
+        submit_cli(course, blank, release.read_bytes())
+        submit_cli(course, hostile_student, hostile.build(hostile.specs()["patch_checks"], str(release)))
+        submit_cli(course, malformed, hostile.build(hostile.specs()["malformed_notebook"], str(release)))
+        # An impostor: the blank student hands in the solution under the correct student's name.
+        # (nbgrader's --student option names the submitter; nothing stops a student from using it)
+        submit_cli(course, blank, solved, options=f"--student={correct}")
+        # The deadline passes; then the late student submits a correct notebook.
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        assert instructor(course, "due", SLUG, now).returncode == 0
+        submit_cli(course, late, solved)
+
+        # -- Students kept apart, while the submissions sit in the exchange.
+        inbound = Path(course["exchange"]) / "distlab" / "inbound"
+        mine = sorted(p.name for p in inbound.iterdir() if p.name.startswith(f"{correct}+"))
+        assert len(mine) == 3, mine  # two of the student's own, one by the impostor: all kept
+        peek = as_student(course, blank, f"ls {inbound}")
+        assert peek.returncode != 0 and "Permission denied" in peek.stderr
+        for private in (REPO / "solutions", REPO / "grader", Path(course["grade_env"]["DISTLAB_GRADE_WORK"])):
+            peek = as_student(course, blank, f"ls {private}")
+            assert peek.returncode != 0 and "Permission denied" in peek.stderr, private
+
+        # -- The instructor: collect, autograde (clean room), feedback, return.
+        collected = instructor(course, "collect", SLUG)
+        assert collected.returncode == 0, collected.stdout + collected.stderr
+        assert re.search(rf"REFUSED '{correct}\+.*names {correct} but was made by {blank}", collected.stdout)
+        graded = instructor(course, "autograde", SLUG)
+        log = graded.stdout + graded.stderr
+        assert re.search(rf"{malformed} NOT GRADED \(scores 0\): .*Notebook does not appear to be JSON", log), log[-3000:]
+        assert instructor(course, "feedback", SLUG).returncode == 0
+        assert instructor(course, "return", SLUG).returncode == 0
+
+        # -- The grades.
+        from nbgrader.api import Gradebook, MissingEntry
+
+        work = Path(course["grade_env"]["DISTLAB_GRADE_WORK"])
+        with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gradebook:
+            def final(student: str) -> tuple[float, float]:
+                submission = gradebook.find_submission(SLUG, student)
+                return submission.score, submission.late_submission_penalty
+            assert final(browser_student) == (1.0, 0.0)       # task 1 only
+            assert final(correct) == (5.0, 0.0)               # the latest of its own submissions
+            assert final(blank) == (0.0, 0.0)
+            assert final(hostile_student) == (3.0, 0.0)       # task 2 (what it attacks) 0, the rest full
+            assert final(late) == (5.0, 5.0)                  # full marks, all taken by the late penalty
+            try:                                              # graded 0, or never entered at all
+                assert gradebook.find_submission(SLUG, malformed).score == 0.0
+            except MissingEntry:
+                pass
+        # No hidden test line reaches any feedback.
+        feedback = "".join(p.read_text() for p in (work / "feedback").rglob("*.html"))
+        assert feedback and not [line for line in grading.hidden_test_lines(SLUG) if line in feedback]
+
+        # Another student cannot list the returned feedback either.
+        peek = as_student(course, blank, f"ls {Path(course['exchange']) / 'distlab' / 'feedback'}")
+        assert peek.returncode != 0 and "Permission denied" in peek.stderr
+
+        # -- Student 1 fetches the feedback in the Assignments tab and reads the score.
+        page.click("#refresh_assignments_list")
+        submitted = page.locator(f"#submitted_assignments_list .list_item:has-text('{SLUG}')").first
+        submitted.locator("button:has-text('Fetch Feedback')").click()
+        expect(submitted.locator("a:has-text('view feedback')")).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "04-feedback-fetched.png"))
+        home = Path(f"/home/{browser_student}")
+        html = next((home / SLUG / "feedback").rglob(f"{SLUG}.html"))
+        page.goto(course["url"] + f"/user/{browser_student}/files/{html.relative_to(home)}")
+        expect(page.locator("body")).to_contain_text("1.0")
+        page.screenshot(path=str(ARTIFACTS / "05-feedback-score.png"), full_page=False)
+        text = page.locator("body").inner_text()
+        assert re.search(r"Score:\s*1\.0\s*/\s*5\.0", text), text[:2000]
+        chromium.close()
