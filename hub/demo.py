@@ -69,6 +69,18 @@ def readable_by_everyone(folder: Path) -> bool:
     return all(os.stat(p).st_mode & stat.S_IXOTH for p in folder.parents) and mode & stat.S_IROTH and mode & stat.S_IXOTH
 
 
+def let_everyone_through(folder: Path) -> None:
+    """Make every folder above ``folder`` searchable by all users (``o+x``: pass through, not
+    list), saying so: the students' servers must reach the course environment and the package
+    source, wherever the repository was cloned (a CI runner's folder may be 0700)."""
+    for parent in reversed(Path(os.path.realpath(folder)).parents):
+        mode = os.stat(parent).st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(parent, mode | stat.S_IXOTH)
+            print(f"course hub: made {parent} searchable by other users (o+x), so servers reach the course",
+                  file=sys.stderr)
+
+
 def server_python(course_env: Path, run_dir: Path) -> Path:
     """The interpreter the students' servers run: the course environment's own, if they may.
 
@@ -199,6 +211,7 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
         raise HubError(f"{proxy} is missing: run `npm ci --prefix hub` (make hub does)")
     course_env = Path(sys.prefix)
     for needed in (REPO / "src", course_env / "lib"):
+        let_everyone_through(needed)
         if not readable_by_everyone(needed):
             raise HubError(f"{needed} is not readable by other users, and the students' servers run "
                            "from it: put the repository where every user can read it (or chmod o+rx "
