@@ -99,14 +99,15 @@ def test_config_keeps_tools_and_solutions_out_of_the_sources():
 
 def test_widget_and_math_javascript_is_served_from_the_book_not_from_static():
     sphinx = CONFIG["sphinx"]["config"]
-    scripts = list(sphinx["nb_ipywidgets_js"]) + [sphinx["mathjax_path"]]
-    assert len(scripts) == 3
-    for script in scripts:
+    widgets, mathjax = list(sphinx["nb_ipywidgets_js"]), sphinx["mathjax_path"]
+    assert widgets == ["../distlab/widgets.js"], widgets   # the book's own, a few kB
+    for script in widgets + [mathjax]:
         assert "://" not in script, f"{script} would be loaded from the network"
-        assert script.startswith("../vendor/"), script   # relative to _static/, outside it
+        assert script.startswith("../"), script   # relative to _static/, outside it
         local = REPO / "book" / "_extra" / script.removeprefix("../")
         assert local.is_file(), local
-        assert (local.parent / "LICENSE.txt").is_file(), f"license missing beside {local}"
+    assert (REPO / "book" / "_extra" / mathjax.removeprefix("../")).parent.joinpath("LICENSE.txt").is_file()
+    assert (REPO / "book" / "_extra" / "distlab" / "widgets.js").stat().st_size < 20_000
     assert sphinx["html_extra_path"] == ["book/_extra"]
     # Jupyter Book 1 adds every .js under _static/ to every page: keep scripts out of it.
     assert not list(REPO.glob("_static/**/*.js")), "no JavaScript in _static/"
@@ -395,13 +396,14 @@ def transfer_size(path: Path) -> int:
     return len(gzip.compress(data, compresslevel=6)) if path.suffix in COMPRESSED_ON_THE_WIRE else len(data)
 
 
-def page_weight(site_dir: Path, base_url: str, requests: list[str]) -> int:
-    """Bytes over the wire for everything a page loaded from the site: HTML, scripts, styles,
-    images, fonts (see :func:`transfer_size`)."""
+def page_weight(site_dir: Path, base_url: str, requests: list[str], over_the_wire: bool = True) -> int:
+    """Bytes of everything a page loaded from the site (HTML, scripts, styles, images, fonts):
+    as sent over the wire (see :func:`transfer_size`), or as the browser holds them."""
     prefix = urllib.parse.urlsplit(base_url).path
     files = {site_dir / urllib.parse.unquote(urllib.parse.urlsplit(url).path)[len(prefix):]
              for url in requests if url.startswith(base_url)}
-    return sum(transfer_size(path) for path in files if path.is_file())
+    size = transfer_size if over_the_wire else (lambda path: path.stat().st_size)
+    return sum(size(path) for path in files if path.is_file())
 
 
 @pytest.mark.slow
@@ -409,12 +411,13 @@ def page_weight(site_dir: Path, base_url: str, requests: list[str]) -> int:
 def test_every_page_at_three_widths_loads_cleanly_fits_and_links(built_book, site, browser):
     """Each page at a desktop's, a tablet's and a phone's width: no console error or failed
     request, nothing but code, outputs and formulas wider than the window, images and internal
-    links that resolve, no page over 3 MB over the wire (everything it loads)."""
+    links that resolve, no page over 3 MB over the wire (everything it loads), none more than
+    1 MB above the median page uncompressed."""
     from book_browser import WIDTHS
 
     pages = html_pages(built_book)
     assert "index.html" in pages and len(pages) >= 5
-    problems, links, images, weights = [], set(), set(), {}
+    problems, links, images, weights, raw = [], set(), set(), {}, {}
     for name in pages:
         browser.resize(WIDTHS["desktop"])
         page = browser.open(site + name)
@@ -422,10 +425,11 @@ def test_every_page_at_three_widths_loads_cleanly_fits_and_links(built_book, sit
         problems += [f"{name}: loads {url} from outside the site" for url in page.requests
                      if not url.startswith((site, "data:", "blob:", "about:"))]
         weights[name] = page_weight(built_book, site, page.requests)
+        raw[name] = page_weight(built_book, site, page.requests, over_the_wire=False)
         widgets = browser.evaluate("!!document.querySelector('script[type=\"application/vnd.jupyter.widget-state+json\"]')")
         if not widgets:
             problems += [f"{name}: loads the widget script {url} but has no widget" for url in page.requests
-                         if urllib.parse.urlsplit(url).path.endswith(("/embed-amd.js", "/require.js"))]
+                         if urllib.parse.urlsplit(url).path.endswith("/distlab/widgets.js")]
         links |= set(browser.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.href)"))
         sources = browser.evaluate("[...document.images].map(i => i.currentSrc || i.src)")
         images |= {url for url in sources if not url.startswith(("blob:", "data:"))}
@@ -459,7 +463,13 @@ def test_every_page_at_three_widths_loads_cleanly_fits_and_links(built_book, sit
         if status != 200 or not (content_type.startswith("image/") and body):
             problems.append(f"broken image ({status}, {content_type}): {url}")
     heaviest = sorted(weights.items(), key=lambda item: -item[1])[:3]
-    print("heaviest pages (MB over the wire):", [(name, round(size / 1e6, 2)) for name, size in heaviest])
+    print("heaviest pages (MB over the wire, uncompressed):",
+          [(name, round(size / 1e6, 2), round(raw[name] / 1e6, 2)) for name, size in heaviest])
+    # A widget adds its views and a 6 kB script to what a typical page loads (the theme, MathJax
+    # and their fonts: about 3.7 MB uncompressed, 1.2 MB over the wire), not ipywidgets' 3.6 MB.
+    typical = sorted(raw.values())[len(raw) // 2]
+    problems += [f"{name} loads {(size - typical) / 1e6:.1f} MB more than a typical page (at most 1 MB)"
+                 for name, size in raw.items() if size - typical > 1e6]
     problems += [f"{name} weighs {size / 1e6:.1f} MB over the wire (at most 3 MB)" for name, size in weights.items()
                  if size > 3e6]
     assert not problems, "\n".join(problems)

@@ -1,4 +1,4 @@
-"""Sphinx extension for the distlab book: four small rules that Jupyter Book 1 lacks.
+"""Sphinx extension for the distlab book: small rules that Jupyter Book 1 lacks.
 
 1. **Executed outputs follow the package source.** jupyter-cache keys a page on its code
    cells only, so after a change in ``src/distlab`` it would keep serving outputs made by
@@ -11,9 +11,8 @@
    that source is a ``.md`` file, which a hub without jupytext opens as plain text; the
    buttons belong on the student notebooks (``.ipynb``). We remove them elsewhere.
 
-3. **Widgets that work offline.** On pages with widgets, the vendored widget bundle is
-   told where its font files are (next to it, not on a CDN), and gets the MathJax 2 call
-   it makes translated to the MathJax 3 that the book uses.
+3. (Widgets need no rule here: pages with widgets load book/_extra/distlab/widgets.js,
+   which draws them from the embedded state; see _config.yml, ``nb_ipywidgets_js``.)
 
 4. **No script twice.** Jupyter Book 1.0.4 writes one inline script twice on every page,
    which the browser reports as an error; we drop exact duplicates.
@@ -102,52 +101,6 @@ def _remove_launch_buttons_from_text_pages(app, pagename, templatename, context,
     ]
 
 
-WIDGET_PAGE_SETUP = """
-(function () {
-  // 1. Fonts: the widget bundle's AMD modules locate their Font Awesome files from their
-  //    own module URI; map those module names onto the folder the bundle is served from.
-  var folder = new URL(%(folder)s, document.baseURI).href;
-  window.__jupyter_widgets_assets_path__ = folder;
-  window.require = {paths: {  // a global "require" object is require.js's configuration
-    "@jupyter-widgets/html-manager": folder + "embed-amd",
-    "@jupyter-widgets/html-manager/dist": folder.replace(/\\/$/, "")
-  }};
-  // 2. Maths in widget labels: ipywidgets calls MathJax 2's MathJax.Hub.Queue whenever a
-  //    MathJax object exists; the book uses MathJax 3, which has no Hub. Give every object
-  //    assigned to window.MathJax (the configuration, then MathJax itself) a small Hub
-  //    that forwards to MathJax 3's typesetPromise.
-  var hub = {Queue: function (job) {
-    var mathjax = window.MathJax, element = job && job[2];
-    if (element && mathjax && mathjax.typesetPromise) {
-      mathjax.typesetPromise([element]).catch(function () {});
-    }
-  }};
-  var current = window.MathJax;
-  function withHub(value) {
-    if (value && typeof value === "object" && !value.Hub) { value.Hub = hub; }
-    return value;
-  }
-  current = withHub(current);
-  Object.defineProperty(window, "MathJax", {configurable: true, enumerable: true,
-    get: function () { return current; }, set: function (value) { current = withHub(value); }});
-})();
-"""
-
-
-def _prepare_widget_pages(app, pagename, templatename, context, doctree):
-    """On pages with widgets, set up the vendored widget bundle before it loads.
-
-    ``embed-amd.js`` (from ``nb_ipywidgets_js``) assumes it is served from a CDN and that
-    MathJax 2 is on the page; :data:`WIDGET_PAGE_SETUP` corrects both assumptions.
-    """
-    bundle = next((getattr(s, "filename", "") or "" for s in context.get("script_files", [])
-                   if (getattr(s, "filename", "") or "").endswith("/embed-amd.js")), None)
-    if bundle is None:
-        return
-    folder = context["pathto"](bundle.rsplit("/", 1)[0] + "/", 1)
-    app.add_js_file(None, priority=499, body=WIDGET_PAGE_SETUP % {"folder": repr(folder)})
-
-
 def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     """Keep the first of identical ``<script>`` entries.
 
@@ -224,7 +177,6 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _on_config_inited)
     # After the theme has added its launch buttons (priority 501).
     app.connect("html-page-context", _remove_launch_buttons_from_text_pages, priority=600)
-    app.connect("html-page-context", _prepare_widget_pages, priority=800)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
     app.connect("html-page-context", _quote_prose_in_search_results)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
