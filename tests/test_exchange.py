@@ -22,16 +22,14 @@ import tempfile
 from pathlib import Path
 
 import grading_support as grading
+import hub_support
 import pytest
 from book_browser import CHROMIUM_ARGS, find_chromium
 from playwright.sync_api import expect, sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "hub"))
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
-import accounts  # noqa: E402
 import build as hostile  # noqa: E402
-import demo  # noqa: E402
 
 COURSE = "dle"
 SLUG = grading.SLUG
@@ -41,18 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def course():
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="dlex-", dir="/tmp"))
-    try:
-        with demo.course_hub(run_dir, COURSE, students=6, queue_timeout=30) as info:
-            yield info
-    except (demo.HubError, demo.slurm_cluster.ClusterError) as exc:
-        pytest.fail(str(exc), pytrace=False)
-    finally:
-        if (run_dir / "hub.log").exists():
-            shutil.copy(run_dir / "hub.log", ARTIFACTS / "hub.log")
-        accounts.remove_accounts(COURSE)
-        shutil.rmtree(run_dir, ignore_errors=True)
+    yield from hub_support.course_hub_for_a_module(COURSE, students=6, queue_timeout=30, artifacts=ARTIFACTS)
 
 
 def instructor(course, *args: str) -> subprocess.CompletedProcess:

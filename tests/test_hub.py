@@ -12,25 +12,22 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import hub_support
 import psutil
 import pytest
 from book_browser import CHROMIUM_ARGS, find_chromium
+from hub_support import accounts, demo
 from playwright.sync_api import expect, sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "hub"))
-import accounts  # noqa: E402
-import demo  # noqa: E402
 
 COURSE = "dlt"
 ARTIFACTS = REPO / "artifacts" / "hub"
@@ -39,18 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 @pytest.fixture(scope="module")
 def hub():
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="dlhub-", dir="/tmp"))  # short: Slurm's sockets live below
-    try:
-        with demo.course_hub(run_dir, COURSE, students=2, queue_timeout=20) as info:
-            yield info
-    except (demo.HubError, demo.slurm_cluster.ClusterError) as exc:
-        pytest.fail(str(exc), pytrace=False)
-    finally:
-        if (run_dir / "hub.log").exists():
-            shutil.copy(run_dir / "hub.log", ARTIFACTS / "hub.log")
-        accounts.remove_accounts(COURSE)
-        shutil.rmtree(run_dir, ignore_errors=True)
+    yield from hub_support.course_hub_for_a_module(COURSE, students=2, queue_timeout=20, artifacts=ARTIFACTS)
 
 
 @pytest.fixture(scope="module")

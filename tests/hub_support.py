@@ -1,0 +1,36 @@
+"""The demo course hub for a test module (tests/test_hub.py, tests/test_exchange.py).
+
+hub/demo.py's ``course_hub`` with the module's own course prefix, so two modules running at
+once (pytest-xdist) never share accounts, cluster or ports. Leaving it copies the hub's log to
+the module's artifacts, removes the course's accounts and the run folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hub"))
+import accounts  # noqa: E402
+import demo  # noqa: E402
+
+
+def course_hub_for_a_module(course: str, students: int, queue_timeout: int, artifacts: Path):
+    """A generator for a module-scoped fixture (``yield from`` it): yields course_hub's dict."""
+    artifacts.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{course}-", dir="/tmp"))  # short: Slurm's sockets live below
+    try:
+        with demo.course_hub(run_dir, course, students=students, queue_timeout=queue_timeout) as info:
+            yield info
+    except (demo.HubError, demo.slurm_cluster.ClusterError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    finally:
+        if (run_dir / "hub.log").exists():
+            shutil.copy(run_dir / "hub.log", artifacts / "hub.log")
+        accounts.remove_accounts(course)
+        shutil.rmtree(run_dir, ignore_errors=True)
