@@ -87,9 +87,17 @@ def open_assignments(page) -> None:
     expect(page.locator("#released_assignments_list")).to_be_attached()
 
 
-def run_cell(page, cell) -> None:
-    cell.locator(".jp-InputArea-editor").click()
-    page.keyboard.press("Shift+Enter")
+def run_cell(page, cell, tries: int = 3) -> None:
+    """Run ``cell`` and wait for its result; press again if JupyterLab took no notice (a click
+    that lands while the notebook is still loading selects nothing)."""
+    for _ in range(tries):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            expect(cell.locator(".jp-InputArea-prompt")).not_to_have_text(re.compile(r"^\[ \]:$"), timeout=10_000)
+            break
+        except AssertionError:
+            continue
     expect(cell.locator(".jp-InputArea-prompt")).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=120_000)
 
 

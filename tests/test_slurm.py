@@ -445,9 +445,12 @@ def test_a_rank_that_raises_in_a_batch_job_is_a_rank_error_and_the_job_is_cancel
         distlab.run(_fails_on_rank_3, nprocs=4, timeout=90, launcher="sbatch")
     assert info.value.rank == 3 and info.value.exc_type == "ValueError"
     assert "bad shard on rank 3" in str(info.value)
-    # The failed rank waits to be stopped (30 s); we cancel the job instead, at once.
-    assert time.monotonic() - started < 25
+    # The failed rank waits 30 s to be stopped; we cancel the job instead: its state is
+    # CANCELLED, not COMPLETED or FAILED as it would be had we waited for the rank to exit.
+    # (No wall-clock bound here: with the hub's browser tests beside it on 2 cores, starting
+    # 4 ranks alone took 30 s.)
     assert re.search(r"\[slurm\] job \d+: CANCELLED", capsys.readouterr().out)
+    assert time.monotonic() - started < 90
 
 
 @pytest.mark.slow
