@@ -7,12 +7,14 @@ the module's artifacts, removes the course's accounts and the run folder.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hub"))
@@ -34,3 +36,23 @@ def course_hub_for_a_module(course: str, students: int, queue_timeout: int, arti
             shutil.copy(run_dir / "hub.log", artifacts / "hub.log")
         accounts.remove_accounts(course)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run_cell(page, cell, tries: int = 3) -> None:
+    """Run a JupyterLab ``cell`` and wait until it has finished (its prompt shows a number).
+
+    Shift+Enter is pressed again if JupyterLab took no notice (a click that lands while the
+    notebook is still loading selects nothing); after ``tries`` ignored presses it fails.
+    """
+    prompt = cell.locator(".jp-InputArea-prompt")
+    for _ in range(tries):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            expect(prompt).not_to_have_text(re.compile(r"^\[ \]:$"), timeout=10_000)
+            break
+        except AssertionError:
+            continue
+    else:
+        raise AssertionError(f"the cell did not start running after {tries} tries")
+    expect(prompt).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=120_000)

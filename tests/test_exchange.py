@@ -87,20 +87,6 @@ def open_assignments(page) -> None:
     expect(page.locator("#released_assignments_list")).to_be_attached()
 
 
-def run_cell(page, cell, tries: int = 3) -> None:
-    """Run ``cell`` and wait for its result; press again if JupyterLab took no notice (a click
-    that lands while the notebook is still loading selects nothing)."""
-    for _ in range(tries):
-        cell.locator(".jp-InputArea-editor").click()
-        page.keyboard.press("Shift+Enter")
-        try:
-            expect(cell.locator(".jp-InputArea-prompt")).not_to_have_text(re.compile(r"^\[ \]:$"), timeout=10_000)
-            break
-        except AssertionError:
-            continue
-    expect(cell.locator(".jp-InputArea-prompt")).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=120_000)
-
-
 def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
     students = sorted(u for u in course["passwords"] if "student" in u)
     browser_student, correct, blank, hostile_student, malformed, late = students
@@ -134,10 +120,10 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         page.keyboard.press("Control+a")
         page.keyboard.insert_text('def my_rank():\n    """My global rank."""\n    return dist.get_rank()')
         cells = notebook.locator(".jp-CodeCell")
-        run_cell(page, cells.nth(0))                                          # imports
-        run_cell(page, answer)                                                # the answer
+        hub_support.run_cell(page, cells.nth(0))                                          # imports
+        hub_support.run_cell(page, answer)                                                # the answer
         task1_tests = notebook.locator(".jp-CodeCell", has_text="# Task 1 tests")
-        run_cell(page, task1_tests)                                           # 4 ranks, srun
+        hub_support.run_cell(page, task1_tests)                                           # 4 ranks, srun
         assert not task1_tests.locator(".jp-OutputArea-output[data-mime-type*='error']").count()
         page.keyboard.press("Control+s")
         expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=20_000)

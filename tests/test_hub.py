@@ -107,20 +107,6 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
     assert not accounts.course_accounts(course)
 
 
-def run_cell(page, cell, tries: int = 3) -> None:
-    """Select ``cell`` and press Shift+Enter; again if JupyterLab took no notice (a click that
-    lands while the notebook is still loading selects nothing)."""
-    for _ in range(tries):
-        cell.locator(".jp-InputArea-editor").click()
-        page.keyboard.press("Shift+Enter")
-        try:
-            expect(cell.locator(".jp-InputArea-prompt")).not_to_have_text(re.compile(r"^\[ \]:$"), timeout=10_000)
-            return
-        except AssertionError:
-            continue
-    raise AssertionError(f"the cell did not start running after {tries} tries")
-
-
 def test_wrong_password_and_unknown_user_are_refused_and_nothing_spawns(hub, chromium):
     student = f"{COURSE}-student1"
     for user, password in ((student, "not-" + hub["passwords"][student]), ("nobody-here", "x")):
@@ -165,7 +151,7 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
 
     # Run the notebook's first code cell, then a cell on two ranks: each reports its node.
     first = notebook.locator(".jp-CodeCell").first
-    run_cell(page, first)
+    hub_support.run_cell(page, first)
     expect(first.locator(".jp-InputArea-prompt")).to_contain_text("[1]", timeout=90_000)
     page.keyboard.press("Escape")
     page.keyboard.press("a")  # a new cell above the one now selected
