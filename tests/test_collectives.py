@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab.collectives import all_reduce, cost_model
+from distlab.collectives import all_reduce, cost_model, faster_ring
 
 
 def compare_with_builtin(numel, algorithm):
@@ -50,6 +50,44 @@ def test_ring_sends_exactly_2_n_minus_1_over_n_of_the_tensor(pools, n):
     for sent, received, value in distlab.run(ring_bytes, numel, nprocs=n):
         assert value == n
         assert sent == received == 2 * (n - 1) * size // n
+
+
+def faster_ring_against_builtin(shape, segments):
+    from distlab.tools import comm
+
+    g = torch.Generator().manual_seed(dist.get_rank())
+    mine = torch.randn(shape, generator=g).t()          # transposed: not contiguous when 2-D
+    reference = mine.clone()
+    dist.all_reduce(reference)
+    with comm.record() as log:
+        faster_ring.faster_ring_all_reduce(mine, segments=segments)
+    scratch = faster_ring._SCRATCH[(torch.float32, torch.device("cpu"))].data_ptr()
+    faster_ring.faster_ring_all_reduce(torch.ones(shape), segments=segments)
+    kept = faster_ring._SCRATCH[(torch.float32, torch.device("cpu"))].data_ptr() == scratch
+    return mine, reference, log.counts(), log.bytes_sent(), log.bytes_received(), kept
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("shape", [(1,), (7,), (1024,), (16, 10)])  # tiny, uneven, even, not contiguous
+def test_faster_ring_matches_torch_and_sends_what_the_simple_ring_sends(pools, n, segments, shape):
+    numel = torch.Size(shape).numel()
+    for mine, reference, counts, sent, received, kept in distlab.run(
+            faster_ring_against_builtin, shape, segments, nprocs=n):
+        # the same float32 tolerance as the simple ring (above): the sums are the same, in ring order
+        torch.testing.assert_close(mine, reference, rtol=1e-6, atol=1e-5)
+        assert "all_reduce" not in counts, "the from-scratch version called the built-in"
+        if numel % n == 0:                              # even chunks: the simple ring's exact bytes
+            assert sent == received == 2 * (n - 1) * numel * 4 // n
+        assert kept, "the scratch buffer was allocated again on the second call of the same size"
+
+
+def test_faster_ring_refuses_zero_segments(pools):
+    def zero_segments():
+        faster_ring.faster_ring_all_reduce(torch.ones(4), segments=0)
+
+    with pytest.raises(distlab.RankError, match="segments must be at least 1"):
+        distlab.run(zero_segments, nprocs=2)
 
 
 def state_per_step():

@@ -10,7 +10,8 @@ ch.    topic                       package                        what its pages
 1      data loading                :mod:`distlab.data`            ``corpus_dataset``, ``sharding.DistributedSampler``,
                                                                   the three strategies, ``measure``
 2      collectives                 :mod:`distlab.collectives`     ``all_reduce.ring_all_reduce`` (reduce-scatter +
-                                                                  all-gather), ``cost_model`` (α-β)
+                                                                  all-gather), ``faster_ring`` (no temporaries,
+                                                                  segments), ``cost_model`` (α-β)
 3      data parallelism            :mod:`distlab.data_parallel`   ``naive``, ``buckets``, ``overlap.OverlappedDDP``,
                                                                   ``no_sync`` and accumulation
 4      ZeRO and FSDP               :mod:`distlab.zero`            ``optimizer.ShardedOptimizer`` (ZeRO-1/2),
