@@ -236,6 +236,25 @@ def test_timeout_names_what_each_rank_was_doing(tmp_path):
     assert "rank 0: blocked in recv" in str(info.value)
 
 
+def test_rank_state_writes_what_settles_and_skips_what_races_past(tmp_path):
+    """The state file costs a rank nothing per call: a state is written once it has stayed
+    ``settle`` seconds (a hang always does), never while calls race past; phase changes the
+    launcher waits for are written at once."""
+    from distlab.runtime import rundir
+    from distlab.runtime.rank_state import RankState
+
+    state, built = RankState(tmp_path, 3, settle=0.05), []
+    state.now({"phase": "ready"})
+    assert rundir.read_state(tmp_path, 3) == {"phase": "ready"}
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:          # thousands of calls, each replacing the last
+        state.soon(lambda: built.append(1) or {"phase": "call", "call": "racing"})
+    assert rundir.read_state(tmp_path, 3) == {"phase": "ready"} and not built
+    state.soon(lambda: {"phase": "call", "call": "recv(stuck)"})
+    time.sleep(0.3)                              # more than 2 * settle: a hang is on disk
+    assert rundir.read_state(tmp_path, 3) == {"phase": "call", "call": "recv(stuck)"}
+
+
 @pytest.mark.slow
 def test_timeout_while_an_async_op_is_pending():
     def stuck_waiting():

@@ -9,7 +9,8 @@ In order:
 3. Import torch, set the number of threads, pick the backend and device, and join the
    process group (torchrun already told us RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 4. Install the call recorder (:mod:`distlab.tools.comm`) and keep ``state-<rank>.json`` up to
-   date, so that on a timeout the notebook can say which call we are stuck in.
+   date (:mod:`distlab.runtime.rank_state`), so that on a timeout the notebook can say which
+   call we are stuck in.
 5. Load the function, seed the random generators, run it, and write the result, or the
    exception with its traceback. In pool mode (``--pool``, see :mod:`distlab.runtime.pool`), do this
    for each call that appears in ``call-<k>/`` until told to stop, and undo between calls
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from distlab.runtime import rundir as files
 from distlab.runtime.processes import become_subreaper, die_with_parent
+from distlab.runtime.rank_state import RankState
 
 
 def _leash_and_redirect(run_dir: Path, rank: int) -> None:
@@ -48,17 +50,19 @@ def _leash_and_redirect(run_dir: Path, rank: int) -> None:
         os.environ.pop("TMPDIR", None)
 
 
-def _watch_calls(run_dir: Path, rank: int) -> None:
+def _watch_calls(state: RankState) -> None:
     """Keep state-<rank>.json saying what this rank is doing (read only on a timeout)."""
     from distlab.tools import comm
 
+    def pending():
+        return [c.describe() for c in comm.pending_async()]
+
     def observe(event, call):
-        pending = [c.describe() for c in comm.pending_async()]
         if event == "enter":
-            state = {"phase": "call", "call": call.describe(), "since": call.start, "pending": pending}
+            state.soon(lambda: {"phase": "call", "call": call.describe(), "since": call.start, "pending": pending()})
         else:
-            state = {"phase": "user", "last": call.describe(), "since": time.time(), "pending": pending}
-        files.write_state(run_dir, rank, state)
+            since = time.time()
+            state.soon(lambda: {"phase": "user", "last": call.describe(), "since": since, "pending": pending()})
 
     comm.install()
     comm.set_observer(observe)
@@ -108,12 +112,12 @@ def _read_options(folder: Path) -> dict:
     return options
 
 
-def _run_call(run_dir: Path, call_dir: Path, rank: int) -> bool:
+def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
     """Run the call whose files are in ``call_dir``; write its result or error. True if it returned."""
     from distlab.runtime import isolation, processes, serialize
     from distlab.tools import comm
 
-    files.write_state(run_dir, rank, {"phase": "user", "since": time.time()})
+    state.now({"phase": "user", "since": time.time()})
     saved = isolation.snapshot()
     children_before = processes.children()
     undo = []
@@ -137,13 +141,13 @@ def _run_call(run_dir: Path, call_dir: Path, rank: int) -> bool:
         comm.forget_pending()
     processes.end_children_started_since(children_before)   # the call ends with what it started
     files.write_atomically(files.result_file(call_dir, rank), data)
-    files.write_state(run_dir, rank, {"phase": "returned", "since": time.time()})
+    state.now({"phase": "returned", "since": time.time()})
     return True
 
 
-def _serve_calls(run_dir: Path, rank: int) -> bool:
+def _serve_calls(run_dir: Path, state: RankState, rank: int) -> bool:
     """Pool mode: run call-0, call-1, ... as they appear, until told to stop or a call fails."""
-    files.write_state(run_dir, rank, {"phase": "ready", "since": time.time()})
+    state.now({"phase": "ready", "since": time.time()})
     index = 0
     while True:
         call_dir = files.call_dir(run_dir, index)
@@ -153,7 +157,7 @@ def _serve_calls(run_dir: Path, rank: int) -> bool:
                 return True
             # Poll fast right after a call (the next cell usually follows), slower when idle.
             time.sleep(0.002 if time.monotonic() - idle_since < 1 else 0.05)
-        if not _run_call(run_dir, call_dir, rank):
+        if not _run_call(state, call_dir, rank):
             return False
         index += 1
 
@@ -183,14 +187,15 @@ def main() -> None:
     torch.set_num_threads(threads)
     backend = devices.choose_backend(os.environ.get("DISTLAB_BACKEND"), local_world_size)
     timeout = datetime.timedelta(seconds=float(os.environ.get("DISTLAB_PG_TIMEOUT", "1800")))
-    files.write_state(run_dir, rank, {"phase": "starting", "since": time.time()})
+    state = RankState(run_dir, rank)
+    state.now({"phase": "starting", "since": time.time()})
     try:
         device_id = None
         if backend == "nccl":
             device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device_id)
         dist.init_process_group(backend, timeout=timeout, device_id=device_id)
-        _watch_calls(run_dir, rank)
+        _watch_calls(state)
     except BaseException as exc:  # noqa: BLE001
         _report_exception(run_dir, rank, exc)
         _leave(dist, ok=False)
@@ -198,7 +203,7 @@ def main() -> None:
         from distlab.runtime import isolation
 
         isolation.preload()
-    ok = _serve_calls(run_dir, rank) if pool else _run_call(run_dir, run_dir, rank)
+    ok = _serve_calls(run_dir, state, rank) if pool else _run_call(state, run_dir, rank)
     _leave(dist, ok)
 
 
