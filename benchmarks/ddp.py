@@ -5,7 +5,14 @@ Both train the same TinyGPT (--dim, --layers) on the same data with SGD, on --np
 training steps of each (forward, backward, gradient all-reduce, optimizer step), alternating
 ours and torch's so that both see the same machine load, after --warmup untimed steps. A
 step ends when its slowest rank finishes. The script reports the median step time of each
-and the ratio ours / torch (the target is at most 1.10).
+over --launches launches and the ratio ours / torch (the target is at most 1.05).
+
+What closed the gap (from 1.09-1.13): every torch.distributed call inside a rank used to
+write distlab's state file, 4 ms per bucket launch where torch's C++ reducer pays 0.1 ms
+(benchmarks/call_overhead.py; now distlab.runtime.rank_state writes only settled states);
+buckets are cut as torch cuts them (at least the cap each, so the last one, whose
+all-reduce nothing hides, is small); bucket buffers are kept between steps; the division
+by the world size happens while copying the averages back instead of in a pass of its own.
 
 On a 2-core machine, 4 ranks oversubscribe the cores: both versions are bound by compute
 and scheduling, and the ratio says whether ours adds overhead, not how either scales.
@@ -66,18 +73,23 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=4.0)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--launches", type=int, default=3)
     args = parser.parse_args()
 
-    result = distlab.run(time_both, args.dim, args.layers, args.bucket_mb, args.steps, args.warmup, args.batch,
-                         nprocs=args.nprocs, timeout=600)[0]
-    medians = {name: statistics.median(values) for name, values in result["times"].items()}
+    merged: dict[str, list[float]] = {}
+    for _ in range(args.launches):
+        result = distlab.run(time_both, args.dim, args.layers, args.bucket_mb, args.steps, args.warmup, args.batch,
+                             nprocs=args.nprocs, timeout=600)[0]
+        for name, values in result["times"].items():
+            merged.setdefault(name, []).extend(values)
+    medians = {name: statistics.median(values) for name, values in merged.items()}
     print(f"TinyGPT dim={args.dim} layers={args.layers}: {result['params'] / 1e6:.2f}M parameters, "
           f"{args.nprocs} ranks, {args.batch} sequences per rank, bucket cap {args.bucket_mb} MB "
-          f"({result['buckets']} buckets), median of {args.steps} steps")
+          f"({result['buckets']} buckets), median of {args.steps} steps x {args.launches} launches")
     for name, seconds in medians.items():
         print(f"  {name:<24} {seconds * 1e3:8.1f} ms per step")
     ratio = medians["distlab OverlappedDDP"] / medians["torch DDP"]
-    print(f"  ratio ours / torch: {ratio:.2f} (target <= 1.10)")
+    print(f"  ratio ours / torch: {ratio:.2f} (target <= 1.05)")
 
 
 if __name__ == "__main__":

@@ -161,6 +161,28 @@ def test_plan_buckets_reverse_order_cap_dtype_and_frozen():
     assert [[id(p) for p in bucket] for bucket in buckets] == [[id(d)], [id(c)], [id(b), id(a)]]
 
 
+def ours_and_torchs_bucket_sizes(bucket_mb):
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = dict(dim=64, layers=2)
+    theirs = DistributedDataParallel(models.build("gpt", seed=0, **config), bucket_cap_mb=bucket_mb)
+    for step in range(3):        # torch rebuilds its buckets in gradient order, in the second forward
+        models.loss_fn(theirs, models.shard(models.example_batch("gpt", 4 * world, seed=step, **config),
+                                            rank, world)).backward()
+    torch_sizes = [int(size) for size in theirs._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(", ")]
+    ours = data_parallel_buckets.plan_buckets(models.build("gpt", seed=0, **config).parameters(), bucket_mb)
+    return [sum(p.numel() * p.element_size() for p in bucket) for bucket in ours], torch_sizes
+
+
+@pytest.mark.parametrize("bucket_mb", [0.05, 0.2])
+def test_plan_buckets_cuts_the_buckets_torch_ddp_cuts(pools, bucket_mb):
+    """Same buckets as torch's DDP: each holds at least the cap, so the last one (the all-reduce
+    that nothing hides) is the remainder, small."""
+    ours, theirs = distlab.run(ours_and_torchs_bucket_sizes, bucket_mb, nprocs=2)[0]
+    assert len(ours) > 2 and ours == theirs, (ours, theirs)
+
+
 def accumulated_gradients(kind, k, sync_forward, bucket_mb=0.0005):
     from distlab.tools import comm
 

@@ -17,37 +17,52 @@ MB = 2**20
 
 
 def plan_buckets(params, bucket_mb: float) -> list[list[torch.nn.Parameter]]:
-    """Group parameters into buckets of at most ``bucket_mb`` megabytes.
+    """Group parameters into buckets of about ``bucket_mb`` megabytes, the way torch's DDP does.
 
     Parameters are taken in *reverse* order of definition, because backward computes the
     gradients of the last layers first: the first bucket is then the first to be complete.
-    A bucket is closed when the next parameter would overflow it, or has another dtype (one
-    flat buffer holds one dtype). A parameter larger than the cap gets a bucket of its own.
-    Parameters that do not require gradients (frozen) are left out.
+    A bucket is closed as soon as it holds at least ``bucket_mb`` megabytes (so a parameter
+    larger than the cap closes its bucket alone), or when the next parameter has another
+    dtype (one flat buffer holds one dtype). What is left at the end, the first layers,
+    makes a small last bucket: small is what the last bucket should be, because its
+    all-reduce is the one nothing can hide, launched when backward is over. Parameters that
+    do not require gradients (frozen) are left out.
     """
     cap = bucket_mb * MB
     buckets: list[list[torch.nn.Parameter]] = []
-    size = 0.0
+    size, closed = 0.0, True
     for param in reversed([p for p in params if p.requires_grad]):
-        nbytes = param.numel() * param.element_size()
-        current = buckets[-1] if buckets else None
-        if current is None or size + nbytes > cap or current[0].dtype != param.dtype:
-            buckets.append([param])
-            size = nbytes
-        else:
-            current.append(param)
-            size += nbytes
+        if closed or buckets[-1][0].dtype != param.dtype:
+            buckets.append([])
+            size = 0.0
+        buckets[-1].append(param)
+        size += param.numel() * param.element_size()
+        closed = size >= cap
     return buckets
 
 
-def flatten_gradients(bucket) -> torch.Tensor:
-    """One flat tensor with the bucket's gradients end to end (zeros where a gradient is None)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+def flatten_gradients(bucket, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One flat tensor with the bucket's gradients end to end (zeros where a gradient is None).
+
+    ``out`` (optional) is a flat buffer of the right size to write into instead of a new one:
+    reusing a buffer from step to step avoids paying for fresh memory (see
+    :class:`~distlab.data_parallel.overlap.OverlappedDDP`).
+    """
+    pieces = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket]
+    return torch.cat(pieces) if out is None else torch.cat(pieces, out=out)
 
 
-def unflatten_into_gradients(flat: torch.Tensor, bucket, keep_none: set | None = None) -> None:
+def bucket_buffer(bucket) -> torch.Tensor:
+    """An empty flat buffer that holds the bucket's gradients end to end."""
+    first = bucket[0]
+    return torch.empty(sum(p.numel() for p in bucket), dtype=first.dtype, device=first.device)
+
+
+def unflatten_into_gradients(flat: torch.Tensor, bucket, keep_none: set | None = None, divide_by: int = 1) -> None:
     """Copy consecutive slices of ``flat`` back into each parameter's ``.grad`` (the inverse of
-    :func:`flatten_gradients`). Parameters in ``keep_none`` (by ``id``) keep ``grad = None``."""
+    :func:`flatten_gradients`), divided by ``divide_by`` on the way: dividing while copying
+    costs nothing extra, where dividing the flat buffer first is one more pass over it.
+    Parameters in ``keep_none`` (by ``id``) keep ``grad = None``."""
     offset = 0
     for param in bucket:
         piece = flat[offset: offset + param.numel()].view_as(param)
@@ -55,9 +70,9 @@ def unflatten_into_gradients(flat: torch.Tensor, bucket, keep_none: set | None =
         if keep_none and id(param) in keep_none:
             param.grad = None
         elif param.grad is None:
-            param.grad = piece.clone()
+            param.grad = piece / divide_by
         else:
-            param.grad.copy_(piece)
+            torch.div(piece, divide_by, out=param.grad)
 
 
 def bucketed_average(model: torch.nn.Module, bucket_mb: float = 25.0, buckets=None, tracer=None) -> int:
