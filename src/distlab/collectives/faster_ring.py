@@ -6,7 +6,7 @@ the ``2(N-1)`` messages themselves:
 
 1. **Fresh memory.** Each all-gather step received into a new temporary and then copied it
    into place. New memory is not free: the operating system hands it out one 4 kB page at a
-   time, on first touch, and on a busy machine that costs about as much as sending it. The
+   time, on first touch, and on a busy machine that costs a good part of sending it. The
    all-gather needs no temporary at all, since the arriving chunk overwrites the stale copy,
    so here it is received *in place*.
 2. **A scratch buffer per call.** The reduce-scatter does need one chunk of scratch space to
@@ -16,12 +16,13 @@ the ``2(N-1)`` messages themselves:
    whole chunk arrived. Cut into ``segments`` pieces, the next piece can travel while the
    previous one is added: the transfer and the addition overlap, as in gloo's and NCCL's
    rings. Each piece is one more message, though, and every message pays the latency α
-   once; pipelining pays only where α is small next to the time a piece takes to send and to
-   add. The default is ``segments=1`` (no pipelining), which is what measured fastest on a
-   2-core machine whose 4 ranks wait milliseconds to be scheduled for each message; on a GPU
-   cluster, where α is microseconds, NCCL cuts chunks into many pieces.
+   once; pipelining pays only where the work it hides is large next to α. On a CPU machine
+   the additions are a few percent of the time and two segments measured no faster than
+   one, hence the default ``segments=1``; on GPUs NCCL cuts chunks into many pieces.
 
-Bytes sent are exactly those of the simple ring, ``2(N-1)/N`` of the tensor per rank.
+With these changes the ring runs as fast as gloo's built-in on the machine that built the
+book (``benchmarks/collectives.py`` prints the ratio). Bytes sent are exactly those of the
+simple ring, ``2(N-1)/N`` of the tensor per rank.
 """
 
 from __future__ import annotations
