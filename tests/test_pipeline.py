@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import distlab  # noqa: E402
 from distlab import models  # noqa: E402
 from distlab.grade import checks
-from distlab.pipeline_parallel import schedules, stages, torch_pipelining, training
+from distlab.pipeline_parallel import measured_model, schedules, stages, torch_pipelining, training
 from distlab.pipeline_parallel import timeline as pp_timeline
 from distlab.pipeline_parallel.schedules import Action  # noqa: E402
 
@@ -245,6 +245,45 @@ def test_modelled_bubble_equals_the_formula():
         assert modelled == pytest.approx(pp_timeline.bubble_formula("zb-h1", 4, 8, 1, forward, backward, weight))
 
 
+SCHEDULE_SHAPES = [("gpipe", 4, 1), ("1f1b", 8, 1), ("interleaved", 8, 2), ("zb-h1", 8, 1)]
+
+
+def test_extended_model_reads_back_the_costs_a_timeline_was_made_with():
+    """Timelines simulated with a known hand-off and overhead are "measured" by the model:
+    it finds both costs and every stage's compute time, and predicts the bubble they had."""
+    hand_off, overhead = 0.004, 0.001
+    runs = []
+    for name, m, v in SCHEDULE_SHAPES:
+        schedule = schedules.make_schedule(name, 4, m, v)
+        made = pp_timeline.simulate(schedule, 0.02, 0.02, 0.02, hand_off=hand_off, overhead=overhead)
+        runs.append((schedule, [made.events, made.events], made.bubble))
+    measured_hand_off, measured_overhead = measured_model.message_costs([(s, steps) for s, steps, _ in runs])
+    assert measured_hand_off == pytest.approx(hand_off, rel=1e-6)
+    assert measured_overhead == pytest.approx(overhead, rel=1e-6)
+    for schedule, steps, bubble in runs:
+        virtual = len({a.chunk for a in schedule[0]})
+        assert measured_model.action_durations(schedule, steps)[("F", 0)] == pytest.approx(0.02 / virtual)
+        predicted = measured_model.predicted_bubble(schedule, steps, measured_hand_off, measured_overhead)
+        assert predicted == pytest.approx(bubble, rel=1e-6)
+        # with free messages the model is the textbook formula again: the formula is its limit
+        free = measured_model.predicted_bubble(schedule, steps, 0.0, 0.0)
+        assert free < bubble
+
+
+def test_extended_model_is_the_formula_when_messages_are_free():
+    for name, m, v in SCHEDULE_SHAPES:
+        schedule = schedules.make_schedule(name, 4, m, v)
+        steps = [pp_timeline.simulate(schedule).events]
+        assert measured_model.predicted_bubble(schedule, steps, 0.0, 0.0) == pytest.approx(
+            pp_timeline.bubble_formula(name, 4, m, v), abs=1e-12)
+
+
+def test_extended_model_refuses_events_of_another_schedule():
+    steps = [pp_timeline.simulate(schedules.make_schedule("gpipe", 2, 4)).events]
+    with pytest.raises(ValueError, match="rank 0's events are not its schedule's actions"):
+        measured_model.action_durations(schedules.make_schedule("1f1b", 2, 4), steps)
+
+
 def test_modelled_timeline_draws_one_bar_per_action():
     timeline = pp_timeline.simulate(schedules.make_schedule("zb-h1", 4, 4))
     assert timeline.length == 15 and timeline.peak_in_flight == [4, 4, 4, 4]
@@ -276,6 +315,13 @@ def test_measured_timelines_respect_dependencies_and_show_the_bubble(runs, n):
         assert measured[name] >= pp_timeline.simulate(schedule).bubble - 0.05, (name, measured)
         assert measured[name] < 1
     assert measured["naive"] > measured["gpipe"], measured
+    # The extended model reads real traces: a message takes time, and predictions are bubbles.
+    runs_of = {name: (schedules.make_schedule(name, n, OURS[name][1]), [[r["timed"][name].events for r in runs[n]]])
+               for name in TIMED}
+    hand_off, overhead = measured_model.message_costs(runs_of.values())
+    assert hand_off > 0 and overhead >= 0, (hand_off, overhead)
+    for name, (schedule, steps) in runs_of.items():
+        assert 0 < measured_model.predicted_bubble(schedule, steps, hand_off, overhead) < 1, name
 
 
 # -- errors -------------------------------------------------------------------------------------------

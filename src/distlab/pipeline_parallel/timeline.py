@@ -49,13 +49,19 @@ class Timeline:
 
 
 def simulate(schedule: list[list[Action]], forward: float = 1.0, backward: float = 1.0,
-             weight: float = 1.0) -> Timeline:
+             weight: float = 1.0, hand_off: float = 0.0, overhead: float = 0.0,
+             durations: dict | None = None) -> Timeline:
     """Play ``schedule`` with fixed costs: F takes ``forward``, I ``backward``, W ``weight``, B both.
 
     With ``v`` chunks per rank each cost is divided by ``v`` (a chunk is ``1/v`` of a stage).
-    Messages are free and sends never block; an action starts when its rank is free and what it
-    needs has finished. If at some point no rank can go on, the schedule would deadlock on real
-    ranks too: a ``ValueError`` says what each rank is waiting for.
+    An action starts when its rank is free and what it needs has finished; what it needs from
+    another rank (an activation, a gradient) arrives ``hand_off`` after it was made: the cost
+    of one message between stages. ``overhead`` is the rank's own bookkeeping between two
+    actions (posting receives, starting sends), idle time in a measured trace.
+    ``durations`` (optional) gives measured costs per ``(kind, chunk)``, in seconds, for stages
+    that are not equal (the first embeds, the last computes the loss). With both 0,
+    messages are free, as in the textbook formulas; sends never block. If at some point no rank can go on, the schedule would deadlock on real ranks too:
+    a ``ValueError`` says what each rank is waiting for.
     """
     ranks = len(schedule)
     chunks = 1 + max(a.chunk for actions in schedule for a in actions)
@@ -75,8 +81,12 @@ def simulate(schedule: list[list[Action]], forward: float = 1.0, backward: float
                 needs = dependencies(action, chunks, split)
                 if any(n not in finished for n in needs):
                     break
-                start = max([clock[r]] + [finished[n] for n in needs])
-                end = start + cost[action.kind] / virtual
+                start = max([clock[r] + overhead] + [finished[n] + (hand_off if rank_of(n[2], ranks) != r else 0.0)
+                                                     for n in needs])
+                if durations is not None:
+                    end = start + durations[(action.kind, action.chunk)]
+                else:
+                    end = start + cost[action.kind] / virtual
                 finished[tuple(action)] = clock[r] = end
                 events[r].append(Event(r, lanes[r], _label(action, virtual), KINDS[action.kind], start, end))
                 if action.kind == "F":
