@@ -21,7 +21,8 @@ ch.    topic                       package                        what its pages
                                                                   (Megatron GPT, sequence parallel), ``dtensor``,
                                                                   ``experts``
 6      pipeline parallelism        :mod:`distlab.pipeline_parallel`  ``stages``, ``schedules`` (GPipe, 1F1B,
-                                                                  interleaved, ZB-H1), ``simulate``, ``executor``
+                                                                  interleaved, ZB-H1), ``simulate``,
+                                                                  ``measured_model``, ``executor``
 7      3D parallelism              :mod:`distlab.parallel3d`      ``mesh.Grid`` (the rank grid), ``train``,
                                                                   ``planner`` (choosing a layout)
 =====  ==========================  =============================  ==================================================

@@ -51,7 +51,9 @@ The modules, one idea each:
    actions; :mod:`.zero_bubble`: the split of B into I and W for the zero-bubble schedules;
 3. :mod:`.timeline`: the same action lists played with fixed costs and no processes
    (``simulate``: what the book's widget draws, and a deadlock finder), the bubble of a
-   measured or modelled timeline, and its Gantt chart;
+   measured or modelled timeline, and its Gantt chart; :mod:`.measured_model`: the same
+   simulation with the machine's message costs and stage times, read off measured timelines,
+   which predicts the measured bubble where the formulas cannot;
 4. :mod:`.executor`: one rank runs its action list with ``isend``/``irecv``;
 5. :mod:`.training`: one training step on a rank (gradients, loss, timeline, memory);
    :mod:`.torch_pipelining`: the same step with ``torch.distributed.pipelining``.
