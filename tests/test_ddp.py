@@ -216,21 +216,29 @@ def test_no_sync_communicates_once_and_the_classic_bug_is_caught_by_counting(poo
     assert_grads_equal([g for g, _, _ in wrong], ref)
 
 
-def torch_ddp_gradients(kind, bucket_mb):
+def torch_ddp_gradients(kind, bucket_mb, options=None):
     from torch.nn.parallel import DistributedDataParallel
 
     rank, world = dist.get_rank(), dist.get_world_size()
     shard = models.shard(batch_of(kind, 8), rank, world)
-    ours = overlap.OverlappedDDP(build(kind, seed=rank), bucket_mb)
-    loss_of(ours, shard).backward()
-    ours.finish()
+    model = build(kind, seed=rank)
+    options = dict(options or {})
+    if options.pop("one_bucket_per_parameter", False):
+        options["buckets"] = [[p] for p in reversed(list(model.parameters()))]
+    ours = overlap.OverlappedDDP(model, bucket_mb, **options)
+    for _ in range(2):                              # twice: the kept buffers are reused correctly
+        ours.zero_grad(set_to_none=True)
+        loss_of(ours, shard).backward()
+        ours.finish()
+    assert len(ours.buckets) == len(options.get("buckets", ours.buckets))
     theirs = DistributedDataParallel(build(kind, seed=rank), bucket_cap_mb=bucket_mb)
     loss_of(theirs, shard).backward()
     return models.gradients(ours.module), models.gradients(theirs.module)
 
 
-def test_same_gradients_as_torch_ddp(pools):
-    for ours, theirs in distlab.run(torch_ddp_gradients, "gpt", 0.01, nprocs=4):
+@pytest.mark.parametrize("options", [{}, {"reuse_buffers": False, "one_bucket_per_parameter": True}])
+def test_same_gradients_as_torch_ddp(pools, options):
+    for ours, theirs in distlab.run(torch_ddp_gradients, "gpt", 0.01, options, nprocs=4):
         for name, grad in theirs.items():
             # both average the same float32 numbers, perhaps grouped differently: rounding only
             torch.testing.assert_close(ours[name], grad, rtol=1e-5, atol=1e-7)

@@ -55,18 +55,20 @@ class OverlappedDDP(torch.nn.Module):
     Each bucket has one flat buffer, allocated here and reused every step, as torch's DDP
     keeps its buckets: a new buffer per bucket per step asks the operating system for fresh
     pages each time, and on a CPU that alone made a step several percent slower than torch's.
-    ``reuse_buffers=False`` brings that cost back, for chapter 3's before/after timeline.
+    ``reuse_buffers=False`` brings that cost back, and ``buckets`` (lists of the model's
+    parameters, in launch order) replaces :func:`plan_buckets`' plan: chapter 3 uses both to
+    time this class as it was first written.
     """
 
     def __init__(self, model: torch.nn.Module, bucket_mb: float = 25.0, tracer=None, broadcast: bool = True,
-                 reuse_buffers: bool = True):
+                 reuse_buffers: bool = True, buckets: list | None = None):
         super().__init__()
         self.module = model
         self.tracer = tracer
         self.world = dist.get_world_size()
         if broadcast:
             broadcast_parameters(model)
-        self.buckets = plan_buckets(model.parameters(), bucket_mb)
+        self.buckets = buckets if buckets is not None else plan_buckets(model.parameters(), bucket_mb)
         self._buffers = [bucket_buffer(bucket) if reuse_buffers else None for bucket in self.buckets]
         self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.require_sync = True        # changed by no_sync()
