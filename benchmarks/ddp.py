@@ -7,12 +7,11 @@ ours and torch's so that both see the same machine load, after --warmup untimed 
 step ends when its slowest rank finishes. The script reports the median step time of each
 over --launches launches and the ratio ours / torch (the target is at most 1.05).
 
-What closed the gap (from 1.09-1.13): every torch.distributed call inside a rank used to
-write distlab's state file, 4 ms per bucket launch where torch's C++ reducer pays 0.1 ms
-(benchmarks/call_overhead.py; now distlab.runtime.rank_state writes only settled states);
-buckets are cut as torch cuts them (at least the cap each, so the last one, whose
-all-reduce nothing hides, is small); bucket buffers are kept between steps; the division
-by the world size happens while copying the averages back instead of in a pass of its own.
+What closed the gap (from 1.09-1.13 to about 1.05): every torch.distributed call inside a
+rank used to write distlab's state file, 4 ms per bucket launch where torch's C++ reducer
+pays 0.1 ms (benchmarks/call_overhead.py; now distlab.runtime.rank_state writes only settled
+states). The class itself now cuts buckets as torch does, keeps its bucket buffers and
+divides while copying back; measured here, those are worth less than the run-to-run noise.
 
 On a 2-core machine, 4 ranks oversubscribe the cores: both versions are bound by compute
 and scheduling, and the ratio says whether ours adds overhead, not how either scales.
