@@ -39,14 +39,18 @@ def _ring_neighbours(group=None) -> tuple[int, int, int, int]:
     return me, n, global_rank(group, (me - 1) % n), global_rank(group, (me + 1) % n)
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, to: int, frm: int, group=None) -> None:
-    """Send to one neighbour while receiving from the other. Both at once, or a ring deadlocks:
-    if every rank first waited in a blocking send, nobody would be receiving."""
-    requests = dist.batch_isend_irecv([
+def _start_exchange(send: torch.Tensor, recv: torch.Tensor, to: int, frm: int, group=None) -> list:
+    """Post a send to one neighbour and a receive from the other; return the requests unwaited."""
+    return dist.batch_isend_irecv([
         dist.P2POp(dist.isend, send.contiguous(), to, group),
         dist.P2POp(dist.irecv, recv, frm, group),
     ])
-    for request in requests:
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, to: int, frm: int, group=None) -> None:
+    """Send to one neighbour while receiving from the other. Both at once, or a ring deadlocks:
+    if every rank first waited in a blocking send, nobody would be receiving."""
+    for request in _start_exchange(send, recv, to, frm, group):
         request.wait()
 
 

@@ -28,9 +28,8 @@ simple ring, ``2(N-1)/N`` of the tensor per rank.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from distlab.collectives.all_reduce import _exchange, _ring_neighbours
+from distlab.collectives.all_reduce import _exchange, _ring_neighbours, _start_exchange
 
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
@@ -46,12 +45,6 @@ def _scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
     if buffer is None or buffer.numel() < numel:
         buffer = _SCRATCH[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buffer[:numel]
-
-
-def _start_exchange(send: torch.Tensor, recv: torch.Tensor, to: int, frm: int, group=None) -> list:
-    """Post a send to one neighbour and a receive from the other; return without waiting."""
-    return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, to, group),
-                                   dist.P2POp(dist.irecv, recv, frm, group)])
 
 
 def _receive_and_add(send: torch.Tensor, into: torch.Tensor, scratch: torch.Tensor, to: int, frm: int,
