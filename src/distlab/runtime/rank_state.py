@@ -57,5 +57,8 @@ class RankState:
             time.sleep(self.settle)
             with self._lock:
                 if self._version == seen and self._written != seen:
-                    self._write()
+                    try:
+                        self._write()
+                    except OSError:     # the run directory is gone: the run is over, and so is this thread
+                        return
                 seen = self._version
