@@ -57,11 +57,12 @@ def simulate(schedule: list[list[Action]], forward: float = 1.0, backward: float
     An action starts when its rank is free and what it needs has finished; what it needs from
     another rank (an activation, a gradient) arrives ``hand_off`` after it was made: the cost
     of one message between stages. ``overhead`` is the rank's own bookkeeping between two
-    actions (posting receives, starting sends), idle time in a measured trace.
-    ``durations`` (optional) gives measured costs per ``(kind, chunk)``, in seconds, for stages
-    that are not equal (the first embeds, the last computes the loss). With both 0,
-    messages are free, as in the textbook formulas; sends never block. If at some point no rank can go on, the schedule would deadlock on real ranks too:
-    a ``ValueError`` says what each rank is waiting for.
+    actions (posting receives, starting sends), idle time in a measured trace. With both 0,
+    messages are free, as in the textbook formulas; sends never block. ``durations``
+    (optional) gives measured costs per ``(kind, chunk)``, in seconds, for stages that are not
+    equal (the first embeds, the last computes the loss). If at some point no rank can go on,
+    the schedule would deadlock on real ranks too: a ``ValueError`` says what each rank is
+    waiting for.
     """
     ranks = len(schedule)
     chunks = 1 + max(a.chunk for actions in schedule for a in actions)
