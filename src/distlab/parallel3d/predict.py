@@ -29,9 +29,8 @@ def predict_run(model: Model, grid: Grid, batch_size: int, optimizer: str = "sgd
     * distlab: parameters and gradients ``4 P_rank``. Sent over tp, per micro-batch of
       ``(b, s, h)`` activations: four all-reduces per block; one more forward for the
       vocab-parallel embedding (first stage) and one backward for the output layer (last
-      stage); then either the vocab-parallel cross-entropy's three all-reduces of ``(b, s)``
-      (no pipeline) or an all-gather of the ``(b, s, V/t)`` logits (last stage of a
-      pipeline). Over pp, one ``(b, s, h)`` activation per micro-batch to the next stage and
+      stage); then, on the last stage, the vocab-parallel cross-entropy's three all-reduces
+      of ``(b, s)``. Over pp, one ``(b, s, h)`` activation per micro-batch to the next stage and
       one gradient to the previous. Over dp, one all-reduce of ``4 P_rank``. Every
       collective's bytes are rounded down, as :mod:`distlab.tools.comm` does.
     * torch: every model state divided by dp (FSDP2 shards parameters along their first
@@ -70,10 +69,8 @@ def predict_run(model: Model, grid: Grid, batch_size: int, optimizer: str = "sgd
     sent = {"tp": 0, "pp": 0, "dp": 0}
     if tp > 1:
         per_micro = (4 * model.layers // pp + first + last) * all_reduce_bytes(activation, tp)
-        if pp == 1:
-            per_micro += 3 * all_reduce_bytes(4 * b * s, tp)                      # the vocab-parallel cross-entropy
-        elif last:
-            per_micro += (tp - 1) * 4 * b * s * model.vocab // tp   # the logits' all-gather
+        if last:
+            per_micro += 3 * all_reduce_bytes(4 * b * s, tp)        # the vocab-parallel cross-entropy
         sent["tp"] = m * per_micro
     if pp > 1:
         sent["pp"] = m * activation * ((not last) + (not first))

@@ -35,8 +35,8 @@ Bytes each rank sends per step, with ``b`` sequences per dp shard, ``s`` tokens 
   ``P / tp``: each dp group averages a smaller slice (with pipelines, of its stage only).
 * **pp**: per micro-batch of ``b/m`` sequences, ``4 (b/m) s h`` bytes to the next stage
   (unless last) and as many back to the previous one (unless first). Inside a pipeline the
-  last stage computes a plain cross-entropy, so a tensor-parallel output layer all-gathers
-  its logits there instead of the vocab-parallel loss's three small all-reduces.
+  last stage computes the same vocab-parallel loss, per micro-batch: the logits are never
+  gathered, with or without pipelining.
 
 The same layout with torch's own tools is :mod:`.torch_train`; :mod:`.runs` trains several
 layouts in one launch, from a notebook.
@@ -55,7 +55,7 @@ from distlab.parallel3d.mesh import Grid, ProcessGrid
 from distlab.pipeline_parallel.schedules import make_schedule
 from distlab.pipeline_parallel.stages import split_gpt
 from distlab.pipeline_parallel.training import run_step
-from distlab.tensor_parallel.layers import shard_like
+from distlab.tensor_parallel.layers import shard_like, vocab_parallel_cross_entropy
 from distlab.tensor_parallel.model import ParallelGPT, parallelize_gpt
 from distlab.tensor_parallel.model import loss as tensor_parallel_loss
 from distlab.tools import comm, memory
@@ -69,13 +69,12 @@ def build_model(reference: models.TinyGPT, pg: ProcessGrid) -> nn.Module:
     """What this rank trains: ``reference`` sliced ``tp`` ways (unless ``tp == 1``), then cut to my pipeline stage.
 
     With ``pp > 1`` the result is a :class:`distlab.pipeline_parallel.stages.Stage`: only my stage's modules,
-    under the reference's parameter names. Its output layer then gathers the vocab-sharded
-    logits, for the pipeline's plain cross-entropy.
+    under the reference's parameter names. With ``tp > 1`` its output layer, on the last
+    stage, keeps the logits split along the vocabulary, for :func:`stage_loss_fn`.
     """
     model = reference
     if pg.size("tp") > 1:
         model = parallelize_gpt(reference, group=pg.group("tp"))
-        model.head.gather_output = pg.size("pp") > 1
     if pg.size("pp") == 1:
         return model
     return split_gpt(model, pg.size("pp"))[pg.rank_in("pp")]
@@ -86,6 +85,14 @@ def loss_fn(model: nn.Module, batch) -> torch.Tensor:
     if isinstance(model, ParallelGPT):
         return tensor_parallel_loss(model, batch)
     return models.loss_fn(model, batch)
+
+
+def stage_loss_fn(pg: ProcessGrid):
+    """The pipeline's last-stage loss of one micro-batch: vocab-parallel over my tp group when ``tp > 1``."""
+    if pg.size("tp") == 1:
+        return None                                        # the executor's plain cross-entropy
+    group = pg.group("tp")
+    return lambda logits, targets: vocab_parallel_cross_entropy(logits, targets, group).mean()
 
 
 def my_batch(batch, pg: ProcessGrid):
@@ -107,7 +114,7 @@ def forward_backward(model: nn.Module, batch, pg: ProcessGrid, micro_batches: in
         return loss.item()
     stages = pg.size("pp")
     result = run_step({pg.rank_in("pp"): model}, make_schedule(schedule, stages, micro_batches),
-                               batch, micro_batches, trace=False, group=pg.group("pp"))
+                      batch, micro_batches, trace=False, group=pg.group("pp"), loss_fn=stage_loss_fn(pg))
     return result.loss
 
 

@@ -22,6 +22,11 @@ from distlab.tools.groups import global_rank, world
 from distlab.tools.trace import Tracer
 
 
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of full ``(..., V)`` logits."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 class Executor:
     """Runs one rank's actions for one step, talking to the other ranks with ``isend``/``irecv``.
 
@@ -34,8 +39,12 @@ class Executor:
     """
 
     def __init__(self, chunks: dict[int, Stage], total_chunks: int, batch, micro_batches: int,
-                 tracer: Tracer | None = None, delay: float = 0.0, group=None):
+                 tracer: Tracer | None = None, delay: float = 0.0, group=None, loss_fn=None):
+        """``loss_fn(outputs, targets)``: the mean loss of one micro-batch from the last stage's
+        outputs; default, the cross-entropy of full logits. (A tensor-parallel last stage passes
+        the vocab-parallel cross-entropy, so its logits are never gathered.)"""
         self.chunks, self.total_chunks, self.group = chunks, total_chunks, group
+        self.loss_fn = loss_fn or _cross_entropy
         self.ranks, self.rank = world(group)
         self.inputs, self.targets = micro_batches_of(batch, micro_batches)
         self.m = micro_batches
@@ -119,7 +128,7 @@ class Executor:
         with self._work(action, 1.0), memory.saved_activation_bytes() as saved:
             out = stage(x)
             if stage.last:                                    # this micro-batch's share of the full-batch mean
-                out = F.cross_entropy(out.reshape(-1, out.shape[-1]), self.targets[micro].reshape(-1)) / self.m
+                out = self.loss_fn(out, self.targets[micro]) / self.m
         if stage.last:
             self.loss = out.detach() if self.loss is None else self.loss + out.detach()
         else:

@@ -53,8 +53,11 @@ def build_chunks(virtual: int = 1, seed: int = 0, zero_bubble: bool = False, gro
 
 
 def run_step(chunks: dict[int, Stage], schedule: list[list[Action]], batch, micro_batches: int,
-             delay: float = 0.0, trace: bool = True, group=None) -> StepResult:
+             delay: float = 0.0, trace: bool = True, group=None, loss_fn=None) -> StepResult:
     """Run this rank's part of ``schedule`` on ``chunks`` (gradients accumulate in ``.grad``).
+
+    ``loss_fn(outputs, targets)``: the last stage's mean loss of a micro-batch (default: the
+    cross-entropy of full logits; see :class:`~distlab.pipeline_parallel.executor.Executor`).
 
     ``group``: the ranks of this pipeline, in stage order (default: all ranks). Inside a 3D
     layout each data- and tensor-parallel coordinate has its own pipeline group.
@@ -69,7 +72,7 @@ def run_step(chunks: dict[int, Stage], schedule: list[list[Action]], batch, micr
     if split != any(stage.later is not None for stage in chunks.values()):
         raise ValueError("a schedule with I and W actions needs stages built with zero_bubble=True, and only it"
                          if split else "these stages defer their weight gradients: run a schedule with I and W actions")
-    executor = Executor(chunks, total, batch, micro_batches, Tracer() if trace else None, delay, group)
+    executor = Executor(chunks, total, batch, micro_batches, Tracer() if trace else None, delay, group, loss_fn)
     start = time.perf_counter()
     executor.run(schedule[rank])
     seconds = time.perf_counter() - start
