@@ -34,6 +34,19 @@ def test_parameter_counts():
     assert TINY.tensors == len(list(tiny.parameters())) == 30
 
 
+@pytest.mark.parametrize("shape, mlp_ratio, llama3_params", [
+    (dict(layers=32, hidden=4096, heads=32), 4.5, 8_030_261_248),      # Llama 3 8B
+    (dict(layers=80, hidden=8192, heads=64), 4.375, 70_553_706_496),   # Llama 3 70B
+])
+def test_llama3_presets_of_chapter_7_have_the_real_parameter_counts(shape, mlp_ratio, llama3_params):
+    """The presets chapter 7 calls "8B" and "70B" (grouped-query attention and SwiGLU folded into
+    the MLP ratio) count Llama 3's parameters; the only difference is the planner's LayerNorm
+    biases, which Llama's RMSNorms lack: two per block and one at the end."""
+    model = Model(**shape, vocab=128256, seq=4096, mlp_ratio=mlp_ratio, biases=False, learned_positions=False)
+    norm_biases = (2 * shape["layers"] + 1) * shape["hidden"]
+    assert model.params - norm_biases == llama3_params
+
+
 def test_parameters_on_a_rank_split_the_matrices_and_keep_norms_and_row_biases_whole():
     # TinyGPT, tp=2: tok, head (+bias), per block qkv (+bias), proj, fc1 (+bias), fc2 halved;
     # pos, 5 LayerNorms, proj and fc2 biases whole
@@ -182,8 +195,10 @@ def test_predict_run_by_hand_for_a_pipeline_with_tensor_parallel_stages():
     last = predict.predict_run(TINY, Grid(pp=2, tp=2), 8, stage=1, micro_batches=2)
     # per micro-batch: 4 all-reduces in the stage's block, + the embedding's (first) or the head's (last)
     assert first["sent"] == {"tp": 2 * 5 * activation, "pp": 2 * activation, "dp": 0}
-    logits = 4 * 4 * 32 * 256 // 2                            # my half of the vocabulary, gathered once
-    assert last["sent"] == {"tp": 2 * (5 * activation + logits), "pp": 2 * activation, "dp": 0}
+    # + the vocab-parallel loss: three all-reduces of (4, 32) floats (2 (n-1)/n = 1 at n = 2);
+    # the logits themselves (4 * 4 * 32 * 128 bytes per rank) never travel
+    loss = 3 * 4 * 4 * 32
+    assert last["sent"] == {"tp": 2 * (5 * activation + loss), "pp": 2 * activation, "dp": 0}
     block = (12 * 64 * 64 + 7 * 64) // 2 + 6 * 64
     assert first["bytes"]["parameters"] == 4 * (block + 256 * 64 // 2 + 32 * 64)
     assert last["bytes"]["parameters"] == 4 * (block + (256 * 64 + 256) // 2 + 2 * 64)

@@ -74,6 +74,11 @@ RECOMPUTE = ("none", "selective", "full")
 class Model:
     """A GPT-style decoder: ``layers`` blocks of attention and an MLP of width ``mlp_ratio * hidden``.
 
+    Models with grouped-query attention and gated (SwiGLU) MLPs, such as Llama, fit this shape
+    with the ``mlp_ratio`` that gives their parameter count: a block holds ``(4 + 2 * mlp_ratio)
+    * hidden**2`` weights here, and ``(2 + 2 * kv_heads / heads + 3 * ffn / hidden) * hidden**2``
+    there (Llama 3 8B: 13, so ``mlp_ratio = 4.5``; 70B: 12.75, so ``4.375``).
+
     ``seq`` is the training sequence length (and the length of a learned position table).
     ``tied``: the output layer reuses the token embedding. ``biases``: linear layers have biases.
     """
@@ -83,7 +88,7 @@ class Model:
     heads: int
     vocab: int
     seq: int
-    mlp_ratio: int = 4
+    mlp_ratio: float = 4
     tied: bool = False
     biases: bool = True
     learned_positions: bool = True
@@ -98,7 +103,7 @@ class Model:
     def block(self) -> tuple[int, int]:
         """``(sharded, replicated)`` parameters of one block: qkv, fc1 split by rows; proj, fc2 by columns."""
         h, r, b = self.hidden, self.mlp_ratio, int(self.biases)
-        sharded = (4 + 2 * r) * h * h + (3 + r) * h * b         # weights + qkv and fc1 biases
+        sharded = round((4 + 2 * r) * h * h + (3 + r) * h * b)  # weights + qkv and fc1 biases
         replicated = 4 * h + 2 * h * b                         # two LayerNorms + proj and fc2 biases
         return sharded, replicated
 
@@ -158,7 +163,7 @@ class Cluster:
     gpus: int
     gpus_per_node: int = 8
     memory: float = 80 * GiB
-    intra_bandwidth: float = 300e9        # NVLink-class
+    intra_bandwidth: float = 450e9        # NVLink 4 on H100 SXM, per direction (chapter 2's cost model)
     inter_bandwidth: float = 25e9         # one 200 Gb/s network port per GPU
     flops: float = 989e12                 # H100 dense bf16
     mfu: float = 0.4                      # share of peak FLOPs a good run reaches
