@@ -156,7 +156,7 @@ def test_plan_buckets_reverse_order_cap_dtype_and_frozen():
     a, b, c = nn.Parameter(torch.zeros(100)), nn.Parameter(torch.zeros(100)), nn.Parameter(torch.zeros(1000))
     frozen = nn.Parameter(torch.zeros(5), requires_grad=False)
     d = nn.Parameter(torch.zeros(10, dtype=torch.float64))
-    mb = 800 / data_parallel_buckets.MB  # room for two of the small ones (400 bytes each)
+    mb = 800 / data_parallel_buckets.MiB  # room for two of the small ones (400 bytes each)
     buckets = data_parallel_buckets.plan_buckets([a, b, frozen, c, d], mb)
     assert [[id(p) for p in bucket] for bucket in buckets] == [[id(d)], [id(c)], [id(b), id(a)]]
 

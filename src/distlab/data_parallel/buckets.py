@@ -1,6 +1,6 @@
 """Bucketed data parallelism: a few large all-reduces instead of one per parameter.
 
-Copy the gradients into a few flat buffers of about ``bucket_mb`` megabytes each
+Copy the gradients into a few flat buffers of about ``bucket_mb`` MiB each
 (:func:`plan_buckets`, :func:`flatten_gradients`) and all-reduce each buffer once: fewer,
 larger messages, each paying the latency once (:func:`bucketed_average`). Still after
 backward, so nothing overlaps yet: compute, then communicate (:mod:`.overlap` does both at once).
@@ -13,22 +13,25 @@ import time
 import torch
 import torch.distributed as dist
 
-MB = 2**20
+MiB = 2**20
+"""Bytes in a mebibyte. ``bucket_mb`` counts these, as torch's ``bucket_cap_mb`` does (its
+default "25 MB" is 25 * 2**20 bytes), the name notwithstanding."""
+MB = MiB   # the name torch's argument suggests; kept so that older notebooks still run
 
 
 def plan_buckets(params, bucket_mb: float) -> list[list[torch.nn.Parameter]]:
-    """Group parameters into buckets of about ``bucket_mb`` megabytes, the way torch's DDP does.
+    """Group parameters into buckets of about ``bucket_mb`` MiB, the way torch's DDP does.
 
     Parameters are taken in *reverse* order of definition, because backward computes the
     gradients of the last layers first: the first bucket is then the first to be complete.
-    A bucket is closed as soon as it holds at least ``bucket_mb`` megabytes (so a parameter
+    A bucket is closed as soon as it holds at least ``bucket_mb`` MiB (so a parameter
     larger than the cap closes its bucket alone), or when the next parameter has another
     dtype (one flat buffer holds one dtype). What is left at the end, the first layers,
     makes a small last bucket: small is what the last bucket should be, because its
     all-reduce is the one nothing can hide, launched when backward is over. Parameters that
     do not require gradients (frozen) are left out.
     """
-    cap = bucket_mb * MB
+    cap = bucket_mb * MiB
     buckets: list[list[torch.nn.Parameter]] = []
     size, closed = 0.0, True
     for param in reversed([p for p in params if p.requires_grad]):

@@ -11,7 +11,7 @@ default), that only ever sees this rank's slices::
     optimizer.step()                           # AdamW on my slice, then an all-gather
     optimizer.zero_grad()
 
-How: each param group is cut into buckets of about ``bucket_mb`` megabytes
+How: each param group is cut into buckets of about ``bucket_mb`` MiB
 (:func:`~distlab.data_parallel.buckets.plan_buckets`, as DDP does) and each bucket becomes a
 :class:`~distlab.zero.flat.FlatUnit`: its parameters laid end to end in one flat buffer,
 zero-padded to a multiple of ``N``. The model's parameters become views into these buffers,
