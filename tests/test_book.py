@@ -81,6 +81,16 @@ def test_glossary_defines_at_least_45_terms_and_pages_link_to_it():
         assert "{term}`" in (REPO / page).read_text(), f"{page} links no glossary term"
 
 
+def test_glossary_has_the_terms_of_the_seeds_that_pages_use():
+    """The three data-sharding strategies, MoE, ring attention, selective recomputation and
+    gather are used by the pages; each has an entry (a term's first line in the glossary)."""
+    text = (REPO / "book" / "appendices" / "glossary.md").read_text()
+    entries = {line.strip().lower() for line in text.splitlines() if line and not line.startswith((" ", "`", "#"))}
+    for term in ("iterable sharding", "batch-sampler sharding", "dispatching", "mixture of experts", "moe",
+                 "ring attention", "selective recomputation", "gather"):
+        assert term in entries, f"the glossary has no entry {term!r}"
+
+
 def test_config_keeps_tools_and_solutions_out_of_the_sources():
     excluded = set(CONFIG["exclude_patterns"])
     for name in (".venv", "_build", "tests", "grader", "benchmarks", "solutions", "src"):
@@ -408,6 +418,17 @@ def page_weight(site_dir: Path, base_url: str, requests: list[str], over_the_wir
 
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_TIMEOUT)
+def test_every_chapter_links_to_its_exercise_notebook(built_book):
+    """A reader who finishes a chapter's introduction finds the exercise from there."""
+    opening = {"00-first-steps": "book/getting-started/first-steps"}
+    for source in notebook_sources():
+        slug = source.parent.name
+        page = built_book / (opening.get(slug, f"book/{slug}/index") + ".html")
+        target = f"notebooks/{slug}/{slug}.html"
+        hrefs = re.findall(r'<a [^>]*href="([^"#]*)', page.read_text())
+        assert any(h.endswith(target) for h in hrefs), f"{page.name} of {slug} does not link to {target}"
+
+
 def test_every_page_at_three_widths_loads_cleanly_fits_and_links(built_book, site, browser):
     """Each page at a desktop's, a tablet's and a phone's width: no console error or failed
     request, nothing but code, outputs and formulas wider than the window, images and internal
