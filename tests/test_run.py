@@ -236,6 +236,22 @@ def test_timeout_names_what_each_rank_was_doing(tmp_path):
     assert "rank 0: blocked in recv" in str(info.value)
 
 
+def one_rank_skips_a_collective():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(4))
+
+
+@pytest.mark.slow
+def test_a_rank_that_returned_while_another_waits_is_reported_as_returned():
+    """The classic hang: one rank skipped a collective and returned. Its state must say so,
+    not name the end-of-run barrier the launcher makes it wait in."""
+    with pytest.raises(DistTimeout) as info:
+        distlab.run(one_rank_skips_a_collective, nprocs=2, timeout=5)
+    states = info.value.rank_states
+    assert states[0].startswith("blocked in all_reduce(float32[4]"), states
+    assert states[1] == "returned (waiting for the other ranks)", states
+
+
 def test_rank_state_writes_what_settles_and_skips_what_races_past(tmp_path):
     """The state file costs a rank nothing per call: a state is written once it has stayed
     ``settle`` seconds (a hang always does), never while calls race past; phase changes the

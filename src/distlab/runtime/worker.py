@@ -230,6 +230,9 @@ def _leave(dist, ok: bool) -> None:
     if dist is not None and dist.is_initialized():
         from distlab.tools import comm
 
+        # The state file keeps saying "returned": the barrier below is ours, not the user's
+        # (gloo's barrier waits on a Work, which would otherwise show as the rank's last call).
+        comm.set_observer(None)
         try:  # nobody leaves while a peer may still be receiving from it (unrecorded barrier)
             comm.original("barrier")()
             dist.destroy_process_group()
