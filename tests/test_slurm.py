@@ -421,6 +421,32 @@ def test_the_job_script_template_runs_a_training_script_on_two_nodes(slurm_env, 
     assert {s["offline"] for s in seen} == {"1"}
 
 
+@pytest.mark.slow
+def test_the_complete_training_script_trains_on_two_nodes_and_checkpoints(slurm_env, tmp_path):
+    """templates/train.py (book/appendices/training-script.md) as the Slurm appendix submits it."""
+    generated = subprocess.run(
+        [sys.executable, "-m", "distlab.runtime.launchers.slurm", "script", "--nodes", "2", "--ranks-per-node", "1",
+         "--time", "5", "--output", str(tmp_path / "train-%j.out"), "--", str(REPO / "templates" / "train.py"),
+         "--epochs", "1", "--steps-per-epoch", "3", "--validation-steps", "2", "--global-batch", "8",
+         "--checkpoint-dir", str(tmp_path / "checkpoints")],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert generated.returncode == 0, generated.stderr
+    (tmp_path / "train.sbatch").write_text(generated.stdout)
+    submitted = subprocess.run(["sbatch", "--parsable", str(tmp_path / "train.sbatch")],
+                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    queued = QueuedJob(job_id, poll_seconds=0.5)
+    deadline = time.monotonic() + 180
+    while (queued.refresh(force=True), queued.active)[1]:
+        assert time.monotonic() < deadline, f"job {job_id} still {queued.state} after 180 s"
+        time.sleep(0.5)
+    output = (tmp_path / f"train-{job_id}.out").read_text()
+    assert "2 rank(s) on cpu (gloo)" in output and output.count("epoch 0: train loss") == 1, output
+    assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["epoch"] == 0
+    assert (tmp_path / "checkpoints" / "epoch-0" / "full.pt").stat().st_size > 0
+
+
 def _sleeper():
     import time as _time
 
