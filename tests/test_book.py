@@ -91,6 +91,70 @@ def test_glossary_has_the_terms_of_the_seeds_that_pages_use():
         assert term in entries, f"the glossary has no entry {term!r}"
 
 
+GLOSSARY_VERBS = {"reduce", "overlap", "scatter", "broadcast", "gather", "barrier", "collective", "sharding", "node",
+                  "backend"}
+"""Terms that are also ordinary words ("reduce the cost", "an autograd node"): pages link them
+by hand where they mean the glossary's sense, and the check below leaves them out."""
+_PROTECTED = re.compile(r"\{[a-z:]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\[[^\]]*\]\([^)]*\)|<[^>]*>")
+
+
+def glossary_entries() -> list[list[str]]:
+    """The glossary's entries, each the list of its names (a term and its aliases)."""
+    body = (REPO / "book" / "appendices" / "glossary.md").read_text().split("```{glossary}", 1)[1].split("\n```", 1)[0]
+    entries, current = [], []
+    for line in body.splitlines():
+        if line and not line.startswith((" ", ":")):
+            current.append(line.strip())
+        elif current:
+            entries.append(current)
+            current = []
+    return entries + ([current] if current else [])
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines of running text: no code, math blocks, headings, tables, directives or definition-list terms."""
+    lines, found, fence, math = text.split("\n"), [], None, False
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        if fence:
+            fence = None if stripped.startswith(fence) else fence
+            continue
+        if opening := re.match(r"(`{3,}|~{3,})", stripped):
+            fence = opening.group(1)
+            continue
+        if stripped.startswith("$$"):
+            math = math if stripped.count("$$") >= 2 and len(stripped) > 2 else not math
+            continue
+        if math or not stripped or stripped.startswith(("#", ":", "|", "<", "(", "---", "+")):
+            continue
+        if i + 1 < len(lines) and lines[i + 1].startswith(": "):
+            continue
+        found.append(_PROTECTED.sub(" ", line))
+    return found
+
+
+def test_every_page_links_the_glossary_terms_it_uses():
+    """A term a page uses in its running text is a link to the glossary somewhere on that page
+    (tools/linking it at its first use is how pages were brought in line)."""
+    entries = glossary_entries()
+    names = {name.lower(): {n.lower() for n in entry} for entry in entries for name in entry}
+    unlinked = []
+    for page in sorted((REPO / "book").rglob("*.md")):
+        if page.name == "glossary.md" or page.relative_to(REPO / "book").parts[0].startswith("_"):
+            continue
+        text = page.read_text()
+        linked = set()
+        for match in re.finditer(r"\{term\}`([^`<]*?)(?:\s*<([^>]+)>)?`", text):
+            linked |= names.get((match.group(2) or match.group(1)).strip().lower(), set())
+        prose = "\n".join(prose_lines(text.split("\n---", 1)[1] if text.startswith("---") else text))
+        for name in names:
+            if len(name) < 3 or name in linked or name in GLOSSARY_VERBS:
+                continue
+            if re.search(r"(?<![\w\-/.])" + re.escape(name) + r"(?![\w\-])", prose, re.I):
+                unlinked.append(f"{page.relative_to(REPO)}: {name!r}")
+    assert not unlinked, "terms used but never linked to the glossary:\n" + "\n".join(unlinked)
+
+
 def test_config_keeps_tools_and_solutions_out_of_the_sources():
     excluded = set(CONFIG["exclude_patterns"])
     for name in (".venv", "_build", "tests", "grader", "benchmarks", "solutions", "src"):
