@@ -23,6 +23,13 @@ How grading differs from plain nbgrader (see ``src/distlab/grade/``):
 
 import os
 import sys
+import warnings
+
+from sqlalchemy.exc import SAWarning
+
+# nbgrader's gradebook code makes SQLAlchemy warn "Object of type <SubmittedAssignment> not in
+# session" three times per student and run: harmless, and they buried the grading log.
+warnings.filterwarnings("ignore", category=SAWarning, module=r"nbgrader\.")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_REPO, "src"))  # this checkout's distlab, even if not installed
@@ -38,10 +45,12 @@ c.CourseDirectory.course_id = _grading.COURSE_ID
 c.CourseDirectory.root = _REPO
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "notebooks"
-c.CourseDirectory.submitted_directory = os.path.relpath(os.path.join(WORK, "submitted"), _REPO)
-c.CourseDirectory.autograded_directory = os.path.relpath(os.path.join(WORK, "autograded"), _REPO)
-c.CourseDirectory.feedback_directory = os.path.relpath(os.path.join(WORK, "feedback"), _REPO)
-c.CourseDirectory.solution_directory = os.path.relpath(os.path.join(WORK, "released-solutions"), _REPO)
+# Absolute: nbgrader joins them to the root, and its log then shows real paths (a relative
+# one printed as <repository>/../../srv/... when the work folder lives elsewhere).
+c.CourseDirectory.submitted_directory = os.path.join(WORK, "submitted")
+c.CourseDirectory.autograded_directory = os.path.join(WORK, "autograded")
+c.CourseDirectory.feedback_directory = os.path.join(WORK, "feedback")
+c.CourseDirectory.solution_directory = os.path.join(WORK, "released-solutions")
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(WORK, "gradebook.db")
 # The exchange students fetch from and submit to (nbgrader's shared multi-user exchange): on
 # the course hub it is a folder every user can write (hub/README.md); by default a private one.
@@ -49,7 +58,7 @@ c.Exchange.root = _grading.exchange_root()
 # Collect: grader/work/downloaded/<slug>/archive/ holds one <student_id>.zip (or a folder
 # <student_id>/) per student with <slug>.ipynb inside; `nbgrader zip_collect` extracts and
 # copies them to submitted/<student_id>/<slug>/.
-c.ZipCollectApp.downloaded_directory = os.path.relpath(os.path.join(WORK, "downloaded"), _REPO)
+c.ZipCollectApp.downloaded_directory = os.path.join(WORK, "downloaded")
 c.FileNameCollectorPlugin.named_regexp = _grading.COLLECT_REGEXP
 
 # Late submissions (after the due date `publish --due` sets): the course's policy is that a
@@ -65,6 +74,14 @@ c.GenerateAssignment.create_assignment = True
 c.Execute.timeout = _grading.CELL_TIMEOUT_S
 c.Execute.interrupt_on_timeout = True
 c.OverwriteCells.add_missing_cells = True  # a deleted test cell comes back (and is run)
+# nbgrader's list, with OverwriteCells replaced: the hidden tests a released cell lacks are not an edit.
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    _plugins.ExpectHiddenTests,
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 c.LimitOutput.max_lines = 200
 c.Autograde.autograde_preprocessors = [
     _plugins.KernelExecute,     # student cells in the kernel, test cells skipped
@@ -80,6 +97,6 @@ c.Autograde.autograde_preprocessors = [
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     _plugins.HideHiddenTestDetails,
-    "nbgrader.preprocessors.ClearHiddenTests",
+    _plugins.QuietClearHiddenTests,
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

@@ -11,12 +11,15 @@ published. Screenshots of the first page of each part go to ``artifacts/book/``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import gzip
 import html
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -271,11 +274,18 @@ def test_cache_is_cleared_only_when_the_source_hash_changes(tmp_path):
 # --- building ---------------------------------------------------------------------------------
 
 def make_book() -> tuple[subprocess.CompletedProcess, float]:
+    """``make book`` in its own process group, which is ended whatever happens: a test that
+    times out (pytest-timeout raises in this process) leaves no build, kernel or rank behind."""
     start = time.monotonic()
-    result = subprocess.run(["make", "--no-print-directory", "book"], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            timeout=BUILD_TIMEOUT)
-    return result, time.monotonic() - start
+    proc = subprocess.Popen(["make", "--no-print-directory", "book"], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=BUILD_TIMEOUT)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out), time.monotonic() - start
 
 
 @pytest.fixture(scope="session")
@@ -493,6 +503,8 @@ def test_every_chapter_links_to_its_exercise_notebook(built_book):
         assert any(h.endswith(target) for h in hrefs), f"{page.name} of {slug} does not link to {target}"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
 def test_every_page_at_three_widths_loads_cleanly_fits_and_links(built_book, site, browser):
     """Each page at a desktop's, a tablet's and a phone's width: no console error or failed
     request, nothing but code, outputs and formulas wider than the window, images and internal

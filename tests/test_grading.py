@@ -24,6 +24,7 @@ from grading_support import (
     notebook_cells,
     release_text,
     solution_answers,
+    solution_path,
     with_answers,
 )
 
@@ -196,3 +197,79 @@ def test_feedback_never_shows_hidden_tests_or_reference_values(graded_class):
         assert "ideal_step_seconds - 1.0" not in text
     partial = (course.work / "feedback" / "partial" / SLUG / f"{SLUG}.html").read_text()
     assert "hidden test failed" in partial  # the failure is reported, without its details
+
+
+# -- concept questions: computed answers, balanced options, hints --------------------------------
+
+CONCEPT_SLUGS = [s for s in slugs() if s != "00-first-steps"]
+"""Chapters 1-7. (00-first-steps' questions are the hostile class's target; they keep their form.)"""
+
+
+def concept_cells(slug: str) -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook_cells(solution_path(slug))
+            if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("concept")}
+
+
+def concept_options(slug: str) -> dict[str, dict[str, str]]:
+    """``{variable: {letter: option text}}`` of the multiple-choice questions of ``slug``."""
+    text, found = concept_cells(slug)["concepts-text"], {}
+    for question in re.split(r"\n(?=\*\*\([a-z]\)\*\*)", text):
+        variable = re.search(r"\bin\s+`(\w+)`", question)
+        options = re.findall(r'^\* `"([a-d])"` — (.*(?:\n  .*)*)', question, re.M)
+        if variable and options:
+            found[variable.group(1)] = {letter: " ".join(body.split()) for letter, body in options}
+    return found
+
+
+def solution_concept_answers(slug: str) -> dict:
+    namespace: dict = {}
+    exec(concept_cells(slug)["concepts-answer"], namespace)
+    return {k: v for k, v in namespace.items() if not k.startswith("__")}
+
+
+def run_concept_test(slug: str, grade_id: str, answers: dict) -> None:
+    exec(concept_cells(slug)[grade_id], dict(answers))
+
+
+@pytest.mark.parametrize("slug", CONCEPT_SLUGS)
+def test_concept_answers_are_computed_and_wrong_ones_get_a_hint(slug):
+    """The solution passes every concept test; every wrong option, and a wrong number, fails with
+    a CheckFailed that says what to revisit (shown in the feedback), never a bare assert."""
+    from distlab.grade.checks import CheckFailed
+
+    cells, answers, options = concept_cells(slug), solution_concept_answers(slug), concept_options(slug)
+    tests = sorted(g for g in cells if g.startswith("concept-") and g.endswith("-tests"))
+    numeric = 0
+    for grade_id in tests:
+        hidden = cells[grade_id].split("### BEGIN HIDDEN TESTS", 1)[1]
+        assert re.search(r"\bcheck_(choice|number)\(", hidden), f"{slug} {grade_id}: use checks.check_choice/number"
+        run_concept_test(slug, grade_id, answers)
+        name = next(n for n in answers if re.search(rf"\b{n}\b", cells[grade_id]))
+        if name in options:
+            wrong = [letter for letter in "abcd" if letter != answers[name]]
+        else:
+            numeric += 1
+            value = answers[name]
+            wrong = [[v * 1.37 for v in value] if isinstance(value, (list, tuple)) else value * 1.37]
+        for bad in wrong:
+            with pytest.raises(CheckFailed) as failed:
+                run_concept_test(slug, grade_id, {**answers, name: bad})
+            hint = str(failed.value).split("is not", 1)[1]
+            assert len(hint) > 40, f"{slug} {name}={bad!r}: the feedback needs a hint, got {failed.value}"
+    assert numeric >= 1, f"{slug}: at least one numeric concept question"
+
+
+def test_multiple_choice_answers_are_spread_and_not_given_away_by_length():
+    letters, longest, total = [], 0, 0
+    for slug in CONCEPT_SLUGS:
+        answers = solution_concept_answers(slug)
+        for name, options in concept_options(slug).items():
+            correct = answers[name]
+            letters.append(correct)
+            total += 1
+            lengths = {letter: len(text) for letter, text in options.items()}
+            longest += lengths[correct] == max(lengths.values()) and list(lengths.values()).count(max(lengths.values())) == 1
+    counts = {letter: letters.count(letter) for letter in "abcd"}
+    assert min(counts.values()) >= 2, f"correct letters over chapters 1-7: {counts}"
+    assert max(counts.values()) <= total // 2, counts
+    assert longest <= total // 3, f"the correct option is the longest in {longest} of {total} questions"

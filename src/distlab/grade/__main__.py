@@ -98,11 +98,12 @@ def release(slugs: list[str], to: str | None = None) -> int:
     """``nbgrader generate_assignment`` for each slug (all of ``solutions/`` by default)."""
     slugs = slugs or slugs_in("solutions")
     target = os.path.abspath(to) if to else None
-    failed = 0
+    failed, start = 0, time.monotonic()
     for i, slug in enumerate(slugs, 1):
         say(f"release {i}/{len(slugs)}: solutions/{slug} -> {target or 'notebooks'}/{slug}")
         extra = [f"--CourseDirectory.release_directory={target}"] if target else []
         failed += nbgrader("generate_assignment", slug, "--force", *extra) != 0
+    say(f"release: {len(slugs) - failed} of {len(slugs)} released in {time.monotonic() - start:.1f} s")
     return int(failed > 0)
 
 
@@ -120,7 +121,10 @@ def collect(slug: str, source: str) -> int:
         else:
             shutil.copy(path, archive)
     say(f"collect: {len(entries)} submission(s) from {source} -> {archive}")
-    return nbgrader("zip_collect", slug, "--force")
+    start = time.monotonic()
+    code = nbgrader("zip_collect", slug, "--force")
+    say(f"collect {slug}: {'done' if code == 0 else 'FAILED (see above)'} in {time.monotonic() - start:.1f} s")
+    return code
 
 
 def publish(slug: str, due: str | None) -> int:
@@ -157,7 +161,31 @@ def _students(args) -> list[str]:
     return [f"--student={s}" for s in (args.student or [])]
 
 
+def released(slug: str, command: str) -> bool:
+    """Does this working folder's gradebook know ``slug``? If not, say what to do, in one line.
+
+    nbgrader learns an assignment when it is released; in a new working folder (another
+    ``DISTLAB_GRADE_WORK``) autograding before that ends in nbgrader's traceback "No
+    assignment with ID ... exists in the database".
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
+    database = os.path.join(config.work_dir(), "gradebook.db")
+    if os.path.exists(database):
+        with Gradebook(f"sqlite:///{database}") as gradebook:
+            try:
+                gradebook.find_assignment(slug)
+                return True
+            except MissingEntry:
+                pass
+    say(f"{command} {slug}: the gradebook of {config.work_dir()} does not know {slug} yet: release it first "
+        f"(python -m distlab.grade release {slug}), which enters it in this working folder's gradebook")
+    return False
+
+
 def autograde(slug: str, students: list[str]) -> int:
+    if not released(slug, "autograde"):
+        return 1
     start = time.monotonic()
     code = nbgrader("autograde", slug, "--force", *students)
     for student, reason in ungraded(OUTPUT).items():
@@ -168,16 +196,21 @@ def autograde(slug: str, students: list[str]) -> int:
 
 
 def feedback(slug: str, students: list[str]) -> int:
+    if not released(slug, "feedback"):
+        return 1
+    start = time.monotonic()
     code = nbgrader("generate_feedback", slug, "--force", *students)
-    say(f"feedback for {slug} is in {os.path.join(config.work_dir(), 'feedback')}")
+    say(f"feedback for {slug} is in {os.path.join(config.work_dir(), 'feedback')} "
+        f"({time.monotonic() - start:.1f} s)")
     return code
 
 
 def export(to: str | None) -> int:
     to = os.path.abspath(to or os.path.join(config.work_dir(), "grades.csv"))
+    start = time.monotonic()
     code = nbgrader("export", f"--to={to}")
     if code == 0:
-        say(f"grades written to {to}")
+        say(f"grades written to {to} ({time.monotonic() - start:.1f} s)")
     return code
 
 
@@ -230,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         return feedback(args.slug, _students(args))
     if args.command == "export":
         return export(args.to)
+    if not released(args.slug, "class"):
+        return 1
     codes = []
     for step, run in enumerate((lambda: collect(args.slug, args.source), lambda: autograde(args.slug, []),
                                 lambda: feedback(args.slug, []), lambda: export(args.to)), 1):

@@ -273,3 +273,22 @@ def assert_rank_ids(results: list) -> None:
             raise CheckFailed(f"rank {rank} returned {type(value).__name__}; return a plain int (use int(...))")
         if value != rank:
             raise CheckFailed(f"rank {rank} returned {value}, not its own rank id")
+
+
+# -- concept questions ---------------------------------------------------------------------------
+
+def check_choice(name: str, answer, correct: str, revisit: dict[str, str]) -> None:
+    """A multiple-choice answer against the letter the hidden test worked out.
+
+    ``revisit``: for each wrong letter, what that option gets wrong and where the book treats
+    it; the student reads it in the feedback (a :class:`CheckFailed` message is shown, a plain
+    hidden ``assert`` only as "a hidden test failed"), so it must explain, not reveal.
+    """
+    if answer != correct:
+        raise CheckFailed(f"{name} = {answer!r} is not the right option. {revisit.get(answer, '')}".rstrip())
+
+
+def check_number(name: str, value, expected: float, rel: float, revisit: str) -> None:
+    """A numeric answer within ``rel`` (relative) of the value the hidden test computed."""
+    if not isinstance(value, (int, float)) or not math.isclose(value, expected, rel_tol=rel, abs_tol=1e-12):
+        raise CheckFailed(f"{name} = {value!r} is not right. {revisit}")

@@ -29,7 +29,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.api import MissingEntry
+from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells
 from traitlets import Integer, List, Unicode
 
 from distlab.grade import config, limits
@@ -180,8 +181,48 @@ class CleanRoomTests(NbGraderPreprocessor):
                 return {}, problem or f"the clean room ended with code {proc.returncode} and no verdict ({exc})"
 
 
+class ExpectHiddenTests(OverwriteCells):
+    """nbgrader's ``OverwriteCells`` (every locked cell gets the instructor's version back), silent
+    where the only difference is the hidden tests.
+
+    The gradebook keeps a test cell *with* its hidden tests; the student version never had
+    them, because releasing removed them. nbgrader compares the two and warns "checksum ...
+    has changed!" for every such cell of every student, although nobody edited anything. Here
+    a locked cell whose source is exactly the gradebook's minus its hidden-test block is
+    restored without a word; any other difference (an edited test) is still reported.
+    """
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id is not None and utils.is_locked(cell):
+            try:
+                source = self.gradebook.find_source_cell(grade_id, self.notebook_id, self.assignment_id)
+            except MissingEntry:
+                source = None
+            if source is not None and source.locked and released_version(source.source) == cell.source:
+                cell.source = source.source
+        return super().preprocess_cell(cell, resources, cell_index)
+
+
+def released_version(source: str) -> str:
+    """``source`` as releasing leaves it: without its hidden-test block."""
+    cell = NotebookNode({"cell_type": "code", "source": source, "metadata": {}})
+    ClearHiddenTests()._remove_hidden_test_region(cell)
+    return cell.source
+
+
+class QuietClearHiddenTests(ClearHiddenTests):
+    """nbgrader's ``ClearHiddenTests`` that accepts nbconvert's ``display_data_priority``
+    setting (nbconvert hands it to every preprocessor; nbgrader's base class declares it without
+    ``config=True``, and traitlets then warns once per preprocessor and run)."""
+
+    display_data_priority = List([]).tag(config=True)
+
+
 class HideHiddenTestDetails(NbGraderPreprocessor):
     """Feedback: in test cells, replace hidden-test code that shows up in outputs."""
+
+    display_data_priority = List([]).tag(config=True)   # see QuietClearHiddenTests
 
     def preprocess_cell(self, cell, resources, index):
         if not is_test_cell(cell):
