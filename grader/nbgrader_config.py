@@ -58,7 +58,8 @@ c.Exchange.root = _grading.exchange_root()
 # Collect: grader/work/downloaded/<slug>/archive/ holds one <student_id>.zip (or a folder
 # <student_id>/) per student with <slug>.ipynb inside; `nbgrader zip_collect` extracts and
 # copies them to submitted/<student_id>/<slug>/.
-c.ZipCollectApp.downloaded_directory = os.path.join(WORK, "downloaded")
+# (zip_collect joins this one to the root as text: it must stay relative; the log tidies the path.)
+c.ZipCollectApp.downloaded_directory = os.path.relpath(os.path.join(WORK, "downloaded"), _REPO)
 c.FileNameCollectorPlugin.named_regexp = _grading.COLLECT_REGEXP
 
 # Late submissions (after the due date `publish --due` sets): the course's policy is that a

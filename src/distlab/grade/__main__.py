@@ -68,10 +68,16 @@ def nbgrader(*args: str) -> int:
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     OUTPUT.clear()
     for line in proc.stdout:
-        OUTPUT.append(line.rstrip())
+        line = tidy_paths(line.rstrip())
+        OUTPUT.append(line)
         if not any(q in line for q in QUIET):
-            print("    " + line.rstrip(), flush=True)
+            print("    " + line, flush=True)
     return proc.wait()
+
+
+def tidy_paths(line: str) -> str:
+    """``/repo/grader/../../srv/work/x`` -> ``/srv/work/x``: paths nbgrader built from relative settings."""
+    return re.sub(r"/[^\s'\"]*/\.\./[^\s'\"]*", lambda m: os.path.normpath(m.group(0)), line)
 
 
 def ungraded(lines: list[str]) -> dict[str, str]:
