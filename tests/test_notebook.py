@@ -84,6 +84,19 @@ def wait_for_pids(folder, n, seconds=180) -> list[int]:  # distlab's own start l
     raise AssertionError("the ranks did not start")
 
 
+def cell_output(kc, msg_id: str) -> list[str]:
+    """What the kernel published for one cell so far: streams, errors, its status."""
+    seen = []
+    while True:
+        try:
+            msg = kc.get_iopub_msg(timeout=2)
+        except Exception:  # noqa: BLE001 - queue.Empty: nothing more
+            return seen
+        if msg["parent_header"].get("msg_id") == msg_id:
+            content = msg["content"]
+            seen.append(content.get("text") or content.get("evalue") or content.get("execution_state") or "")
+
+
 @contextlib.contextmanager
 def kernel():
     """A running IPython kernel and a client talking to it; shut down at the end if it still lives."""
@@ -116,8 +129,11 @@ def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         assert not wait_until_gone(pids, 5.0), "ranks survived an interrupt"
         # 2. The kernel is SIGKILLed mid-run: torchrun and the workers die with it.
-        kc.execute(f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2, timeout=200)")
-        pids = wait_for_pids(tmp_path, 2)
+        msg_id = kc.execute(f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2, timeout=200)")
+        try:
+            pids = wait_for_pids(tmp_path, 2)
+        except AssertionError as error:   # seen once in a loaded make test: say what the cell did
+            raise AssertionError(f"{error}; the cell printed: {cell_output(kc, msg_id)!r}") from None
         kc.stop_channels()
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         assert not wait_until_gone(pids, 5.0), "ranks survived their kernel"
