@@ -7,16 +7,16 @@ repository's ``grader/work`` or ``notebooks/``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from process_support import run_in_own_group
 
 REPO = Path(__file__).resolve().parent.parent
 SLUG = "00-first-steps"
@@ -36,17 +36,8 @@ class Course:
     def grade(self, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
         """``python -m distlab.grade ARGS``; its output is kept in ``self.log``."""
         start = time.monotonic()
-        # Its own process group, ended whatever happens: a timeout (ours or pytest-timeout's)
-        # must not leave nbgrader, its kernel or the clean room's ranks running.
-        popen = subprocess.Popen([sys.executable, "-m", "distlab.grade", *args], cwd=REPO, env=self.env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = popen.communicate(timeout=timeout)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
-        proc = subprocess.CompletedProcess(popen.args, popen.returncode, out, err)
+        # Its own process group: a timeout must not leave nbgrader, its kernel or the clean room running.
+        proc = run_in_own_group([sys.executable, "-m", "distlab.grade", *args], timeout, cwd=REPO, env=self.env())
         proc.seconds = time.monotonic() - start
         self.log += f"\n$ grade {' '.join(args)}  ({proc.seconds:.1f} s, exit {proc.returncode})\n" + proc.stdout + proc.stderr
         return proc

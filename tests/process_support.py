@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 
 import psutil
 
@@ -29,3 +32,22 @@ def alive_with_marker(marker: str) -> list[psutil.Process]:
 REPEAT_UNDER_LOAD = int(os.environ.get("DISTLAB_REPEAT_UNDER_LOAD", "3"))
 """How many times the process-tree tests run under load (the proof ran them 20 times:
 ``DISTLAB_REPEAT_UNDER_LOAD=20 pytest -k under_load``)."""
+
+
+def run_in_own_group(command: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True)`` in a process group of its own,
+    which is ended whatever happens.
+
+    ``subprocess.run``'s own timeout kills only the command, and pytest-timeout raises in this
+    process without killing anything: either way a launcher's children (torchrun's workers,
+    nbgrader's kernel, a book build's kernels and ranks) would run on. Here they all go.
+    """
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    proc = subprocess.Popen(command, text=True, start_new_session=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)

@@ -11,15 +11,12 @@ published. Screenshots of the first page of each part go to ``artifacts/book/``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import gzip
 import html
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from process_support import run_in_own_group
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = REPO / "_build" / "html"
@@ -274,18 +272,11 @@ def test_cache_is_cleared_only_when_the_source_hash_changes(tmp_path):
 # --- building ---------------------------------------------------------------------------------
 
 def make_book() -> tuple[subprocess.CompletedProcess, float]:
-    """``make book`` in its own process group, which is ended whatever happens: a test that
-    times out (pytest-timeout raises in this process) leaves no build, kernel or rank behind."""
+    """``make book``; on a timeout (ours or pytest-timeout's) no build, kernel or rank is left behind."""
     start = time.monotonic()
-    proc = subprocess.Popen(["make", "--no-print-directory", "book"], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=BUILD_TIMEOUT)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out), time.monotonic() - start
+    result = run_in_own_group(["make", "--no-print-directory", "book"], BUILD_TIMEOUT, cwd=REPO,
+                              stderr=subprocess.STDOUT)
+    return result, time.monotonic() - start
 
 
 @pytest.fixture(scope="session")

@@ -394,25 +394,30 @@ def test_sbatch_from_outside_runs_two_nodes_times_two_ranks_and_shows_the_queue(
     assert not list((slurm_env["root"] / "runs").glob("run-*")), "the run directory was not removed"
 
 
-@pytest.mark.slow
-def test_the_job_script_template_runs_a_training_script_on_two_nodes(slurm_env, tmp_path):
+def run_job_script(folder: Path, ranks_per_node: int, target: list[str], seconds: float) -> str:
+    """Write the job script for ``target`` with the installed command (2 nodes), ``sbatch`` it
+    from ``folder`` as a user would, wait until the job has left the queue; return its output."""
     generated = subprocess.run(
-        [sys.executable, "-m", "distlab.runtime.launchers.slurm", "script", "--nodes", "2", "--ranks-per-node", "2",
-         "--time", "5", "--output", str(tmp_path / "train-%j.out"), "--",
-         str(REPO / "tests" / "slurm_train.py"), "--steps", "3"],
-        capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        [sys.executable, "-m", "distlab.runtime.launchers.slurm", "script", "--nodes", "2", "--ranks-per-node",
+         str(ranks_per_node), "--time", "5", "--output", str(folder / "train-%j.out"), "--", *target],
+        capture_output=True, text=True, timeout=30, cwd=folder)
     assert generated.returncode == 0, generated.stderr
-    (tmp_path / "train.sbatch").write_text(generated.stdout)
-    submitted = subprocess.run(["sbatch", "--parsable", str(tmp_path / "train.sbatch")],
-                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd=tmp_path)
+    (folder / "train.sbatch").write_text(generated.stdout)
+    submitted = subprocess.run(["sbatch", "--parsable", str(folder / "train.sbatch")],
+                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd=folder)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     queued = QueuedJob(job_id, poll_seconds=0.5)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + seconds
     while (queued.refresh(force=True), queued.active)[1]:
-        assert time.monotonic() < deadline, f"job {job_id} still {queued.state} after 90 s"
+        assert time.monotonic() < deadline, f"job {job_id} still {queued.state} after {seconds:g} s"
         time.sleep(0.5)
-    output = (tmp_path / f"train-{job_id}.out").read_text()
+    return (folder / f"train-{job_id}.out").read_text()
+
+
+@pytest.mark.slow
+def test_the_job_script_template_runs_a_training_script_on_two_nodes(slurm_env, tmp_path):
+    output = run_job_script(tmp_path, 2, [str(REPO / "tests" / "slurm_train.py"), "--steps", "3"], 90)
     assert "RESULT " in output, output
     seen = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
     assert [s["rank"] for s in seen] == [0, 1, 2, 3] and {s["world"] for s in seen} == {4}
@@ -424,24 +429,9 @@ def test_the_job_script_template_runs_a_training_script_on_two_nodes(slurm_env, 
 @pytest.mark.slow
 def test_the_complete_training_script_trains_on_two_nodes_and_checkpoints(slurm_env, tmp_path):
     """templates/train.py (book/appendices/training-script.md) as the Slurm appendix submits it."""
-    generated = subprocess.run(
-        [sys.executable, "-m", "distlab.runtime.launchers.slurm", "script", "--nodes", "2", "--ranks-per-node", "1",
-         "--time", "5", "--output", str(tmp_path / "train-%j.out"), "--", str(REPO / "templates" / "train.py"),
-         "--epochs", "1", "--steps-per-epoch", "3", "--validation-steps", "2", "--global-batch", "8",
-         "--checkpoint-dir", str(tmp_path / "checkpoints")],
-        capture_output=True, text=True, timeout=30, cwd=tmp_path)
-    assert generated.returncode == 0, generated.stderr
-    (tmp_path / "train.sbatch").write_text(generated.stdout)
-    submitted = subprocess.run(["sbatch", "--parsable", str(tmp_path / "train.sbatch")],
-                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip().split(";")[0]
-    queued = QueuedJob(job_id, poll_seconds=0.5)
-    deadline = time.monotonic() + 180
-    while (queued.refresh(force=True), queued.active)[1]:
-        assert time.monotonic() < deadline, f"job {job_id} still {queued.state} after 180 s"
-        time.sleep(0.5)
-    output = (tmp_path / f"train-{job_id}.out").read_text()
+    output = run_job_script(tmp_path, 1, [
+        str(REPO / "templates" / "train.py"), "--epochs", "1", "--steps-per-epoch", "3", "--validation-steps", "2",
+        "--global-batch", "8", "--checkpoint-dir", str(tmp_path / "checkpoints")], 180)
     assert "2 rank(s) on cpu (gloo)" in output and output.count("epoch 0: train loss") == 1, output
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["epoch"] == 0
     assert (tmp_path / "checkpoints" / "epoch-0" / "full.pt").stat().st_size > 0

@@ -18,15 +18,12 @@ process, ``torchrun`` for two ranks (the Slurm job is tests/test_slurm.py's).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from process_support import run_in_own_group
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "templates" / "train.py"
@@ -37,16 +34,9 @@ def run_script(folder: Path, *args: str, ranks: int = 1) -> str:
     """Run the script as a user would, in ``folder``; return what it printed."""
     launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                     "--standalone", "--nproc-per-node", str(ranks)]
-    proc = subprocess.Popen([*launcher, str(SCRIPT), *QUICK, *args], cwd=folder, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:   # torchrun's workers are in its process group: end them all, whatever happened
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0, out[-3000:] + err[-5000:]
-    return out
+    done = run_in_own_group([*launcher, str(SCRIPT), *QUICK, *args], 300, cwd=folder)   # torchrun's workers too
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done.stdout
 
 
 def full_weights(folder: Path, epoch: int) -> dict[str, torch.Tensor]:
