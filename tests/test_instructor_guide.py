@@ -18,6 +18,7 @@ import sys
 
 import pytest
 from grading_support import REPO, SLUG, solution_answers, with_answers
+from process_support import run_in_own_group
 
 GUIDE = REPO / "book" / "appendices" / "instructors-guide.md"
 NOISE = ("Traceback", "has changed!", "SAWarning", "display_data_priority", "/../")
@@ -44,7 +45,7 @@ def test_the_guide_shows_each_command_with_what_it_needs():
 
 
 def run(command: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return run_in_own_group(["bash", "-c", command], 600, cwd=REPO, env=env)
 
 
 @pytest.mark.slow
