@@ -121,6 +121,12 @@ def _is_implicit_favicon(url: str) -> bool:
     return urllib.parse.urlsplit(url).path == "/favicon.ico"
 
 
+def _where(message) -> str:
+    """``url:line`` of a console message, so a report says which resource or script it is."""
+    location = message.location or {}
+    return f"{location.get('url') or '?'}:{location.get('lineNumber', '?')}"
+
+
 class Browser:
     """One headless Chromium with one tab (``self.page``, a Playwright page).
 
@@ -147,8 +153,13 @@ class Browser:
         self.page.on("requestfailed", self._on_request_failed)
 
     def _on_console(self, message) -> None:
-        if message.type in ("error", "assert"):
-            self._report.errors.append(f"console.{message.type}: {message.text}")
+        if message.type not in ("error", "assert"):
+            return
+        # Chromium also logs the implicit favicon's 404 as a console error ("Failed to load
+        # resource"), located at the favicon's URL: the same non-finding as its response.
+        if _is_implicit_favicon((message.location or {}).get("url", "")):
+            return
+        self._report.errors.append(f"console.{message.type}: {message.text} (at {_where(message)})")
 
     def _on_request(self, request) -> None:
         if not _is_implicit_favicon(request.url):

@@ -46,6 +46,7 @@ def run_cell(page, cell, tries: int = 3) -> None:
     """
     prompt = cell.locator(".jp-InputArea-prompt")
     for _ in range(tries):
+        answer_known_dialogs(page)
         cell.locator(".jp-InputArea-editor").click()
         page.keyboard.press("Shift+Enter")
         try:
@@ -56,3 +57,25 @@ def run_cell(page, cell, tries: int = 3) -> None:
     else:
         raise AssertionError(f"the cell did not start running after {tries} tries")
     expect(prompt).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=120_000)
+
+
+# JupyterLab dialogs a loaded machine can raise while a notebook opens, and the answer a
+# student gives each: a slow kernelspec request leaves the kernel unchosen ("Select Kernel":
+# the notebook's own kernel is preselected, accept it); a request that timed out shows
+# "Server Connection Error" (dismiss: the next request goes through).
+KNOWN_DIALOGS = {"Select Kernel": ".jp-mod-accept", "Server Connection Error": ".jp-mod-reject, .jp-mod-accept"}
+
+
+def answer_known_dialogs(page) -> None:
+    """Answer a known dialog (see KNOWN_DIALOGS) that covers the notebook; fail with the
+    text of any other, which would otherwise only show as a click that never lands."""
+    dialog = page.locator(".jp-Dialog")
+    if not dialog.count():
+        return
+    title = dialog.locator(".jp-Dialog-header").first.inner_text().strip()
+    text = dialog.first.inner_text()
+    print(f"JupyterLab showed a dialog {title!r}: {text!r}")
+    if title not in KNOWN_DIALOGS:
+        raise AssertionError(f"JupyterLab shows a dialog {title!r} over the notebook: {text!r}")
+    dialog.locator(KNOWN_DIALOGS[title]).first.click()
+    expect(dialog).to_have_count(0, timeout=10_000)

@@ -47,6 +47,25 @@ def chromium():
         browser.close()
 
 
+@pytest.fixture(autouse=True)
+def empty_queue_after_each_test(request):
+    """Each test starts with no job on the course's cluster: a test that fails with a server
+    still running would otherwise take the nodes from the tests after it. The cluster is
+    this module's own, so every job in its queue was started by these tests."""
+    yield
+    if "hub" not in request.fixturenames:
+        return
+    hub = request.getfixturevalue("hub")
+    jobs = [row[0] for row in squeue(hub, "--format=%i")]
+    if jobs:
+        subprocess.run(["scancel", *jobs], capture_output=True, timeout=20,
+                       env=dict(os.environ, SLURM_CONF=hub["slurm_conf"]))
+        deadline = time.monotonic() + 60
+        while squeue(hub) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not squeue(hub), f"jobs {jobs} are still in the queue a minute after scancel"
+
+
 def squeue(hub, *args: str) -> list[list[str]]:
     out = subprocess.run(["squeue", "--noheader", *args], capture_output=True, text=True, timeout=20,
                          env=dict(os.environ, SLURM_CONF=hub["slurm_conf"]))
