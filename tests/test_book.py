@@ -47,10 +47,13 @@ BUILD_TIMEOUT = 1500  # a full build executes every page: minutes on 2 cores
 
 def toc_files() -> list[str]:
     """Every ``file:`` of _toc.yml (docnames, relative to the repository, no suffix)."""
-    files = [TOC["root"]]
-    for part in TOC["parts"]:
-        files += [entry["file"] for entry in part["chapters"] if "file" in entry]
-    return files
+    def walk(entries):
+        for entry in entries:
+            if "file" in entry:
+                yield entry["file"]
+            yield from walk(entry.get("sections", []))
+
+    return [TOC["root"], *(f for part in TOC["parts"] for f in walk(part["chapters"]))]
 
 
 def source_of(docname: str) -> Path:
@@ -154,6 +157,42 @@ def test_every_page_links_the_glossary_terms_it_uses():
             if re.search(r"(?<![\w\-/.])" + re.escape(name) + r"(?![\w\-])", prose, re.I):
                 unlinked.append(f"{page.relative_to(REPO)}: {name!r}")
     assert not unlinked, "terms used but never linked to the glossary:\n" + "\n".join(unlinked)
+
+
+_MD_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+\.md)\)")
+
+
+def test_every_exercise_notebook_links_back_to_the_pages_it_rests_on():
+    """A student who opens an exercise on the hub finds the way back to the book: the intro
+    links every page of its chapter, and every task and concept block names the pages that
+    explain it. Links are relative .md paths: in JupyterLab they open the page's source in
+    the student's clone; in the rendered book they become links to the pages (a broken one
+    fails the -W build)."""
+    toc_pages = {f for f in toc_files() if f.startswith("book/")}
+    problems = []
+    for path in sorted((REPO / "notebooks").glob("*/*.ipynb")):
+        slug = path.parent.name
+        cells = json.loads(path.read_text())["cells"]
+        linked = {}
+        for cell in cells:
+            grade_id = cell["metadata"].get("nbgrader", {}).get("grade_id", "")
+            if cell["cell_type"] != "markdown" or not (grade_id == "intro" or grade_id.endswith("-text")):
+                continue
+            targets = []
+            for _, target in _MD_LINK.findall("".join(cell["source"])):
+                page = PurePosixPath("notebooks", slug, target)
+                resolved = Path(REPO, page).resolve().relative_to(REPO).with_suffix("").as_posix()
+                if resolved not in toc_pages:
+                    problems.append(f"{slug}/{grade_id}: {target} is not a page of the book")
+                targets.append(resolved)
+            linked[grade_id] = targets
+            if not targets:
+                problems.append(f"{slug}/{grade_id}: links no page of the book")
+        chapter = sorted(f for f in toc_pages if f.startswith(f"book/{slug}/") and not f.endswith("/index"))
+        missing = set(chapter) - set(linked.get("intro", []))
+        if missing:
+            problems.append(f"{slug}: the intro does not link {sorted(missing)}")
+    assert not problems, "\n".join(problems)
 
 
 def test_config_keeps_tools_and_solutions_out_of_the_sources():
