@@ -190,10 +190,10 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
                 submission = gradebook.find_submission(SLUG, student)
                 return submission.score, submission.late_submission_penalty
             assert final(browser_student) == (1.0, 0.0)       # task 1 only
-            assert final(correct) == (5.0, 0.0)               # the latest of its own submissions
+            assert final(correct) == (6.0, 0.0)               # the latest of its own submissions
             assert final(blank) == (0.0, 0.0)
-            assert final(hostile_student) == (3.0, 0.0)       # task 2 (what it attacks) 0, the rest full
-            assert final(late) == (5.0, 5.0)                  # full marks, all taken by the late penalty
+            assert final(hostile_student) == (4.0, 0.0)       # task 2 (what it attacks) 0, the rest full
+            assert final(late) == (6.0, 6.0)                  # full marks, all taken by the late penalty
             try:                                              # graded 0, or never entered at all
                 assert gradebook.find_submission(SLUG, malformed).score == 0.0
             except MissingEntry:
@@ -218,6 +218,6 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         expect(page.locator("body")).to_contain_text("1.0")
         page.screenshot(path=str(ARTIFACTS / "06-feedback-score.png"), full_page=False)
         text = page.locator("body").inner_text()
-        assert re.search(r"Score:\s*1\.0\s*/\s*5\.0", text), text[:2000]
+        assert re.search(r"Score:\s*1\.0\s*/\s*6\.0", text), text[:2000]
         assert "NotImplementedError" in text  # why task 2 failed, as its test cell reported it
         chromium.close()

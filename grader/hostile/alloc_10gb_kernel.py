@@ -5,4 +5,4 @@ counts normally (the answers are correct).
 """
 OUTPUT_CONTAINS = ["can't allocate memory"]
 AFFECTED = []
-EXTRA_CELLS = [("task3-answer", "import torch\nhog = torch.ones(10 * 2**30 // 4)\nprint(hog.sum())")]
+EXTRA_CELLS = [("concepts-answer", "import torch\nhog = torch.ones(10 * 2**30 // 4)\nprint(hog.sum())")]

@@ -29,7 +29,7 @@ import nbformat
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 SLUG = "00-first-steps"
-POINTS = {"task1-tests": 1, "task2-tests": 2, "task3-tests": 2}
+POINTS = {"task1-tests": 1, "task2-tests": 2, "concept-a-tests": 1, "concept-b-tests": 1, "concept-c-tests": 1}
 
 
 def specs() -> dict:

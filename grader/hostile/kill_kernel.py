@@ -5,4 +5,4 @@ still count normally.
 """
 OUTPUT_CONTAINS = ["DeadKernelError"]
 AFFECTED = []
-EXTRA_CELLS = [("task3-answer", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]
+EXTRA_CELLS = [("concepts-answer", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]

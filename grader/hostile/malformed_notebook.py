@@ -3,7 +3,7 @@
 Expected: autograde reports a clear error for this student and goes on with the others;
 this student scores 0 on every task.
 """
-AFFECTED = ["task1-tests", "task2-tests", "task3-tests"]
+AFFECTED = ["task1-tests", "task2-tests", "concept-a-tests", "concept-b-tests", "concept-c-tests"]
 
 
 def RAW():

@@ -1,11 +1,12 @@
 """Monkey-patch builtins (isinstance, abs) so the concept question's checks "pass", with wrong answers.
 
-Expected: the test's builtins are the grader's; task 3 scores 0.
+Expected: the test's builtins are the grader's; the three concept questions score 0.
 """
-AFFECTED = ["task3-tests"]
-ANSWERS = {"task3-answer": '''import builtins
+AFFECTED = ["concept-a-tests", "concept-b-tests", "concept-c-tests"]
+ANSWERS = {"concepts-answer": '''import builtins
 builtins.isinstance = lambda *args: True
 builtins.abs = lambda x: 0
 ideal_step_seconds = 8
-why_not_2x = "a"
+why_not_bitwise = "a"
+rank3_total = 4
 '''}

@@ -7,7 +7,7 @@ other students' grades are unchanged, and this submission (otherwise correct) co
 OUTPUT_CONTAINS = ["refused:"]
 OUTPUT_EXCLUDES = ["NOT refused: {work}"]
 AFFECTED = []
-EXTRA_CELLS = [("task3-answer", r'''import glob, os, shutil, sqlite3
+EXTRA_CELLS = [("concepts-answer", r'''import glob, os, shutil, sqlite3
 import distlab
 
 _root = os.path.dirname(os.path.dirname(os.path.dirname(distlab.__file__)))
