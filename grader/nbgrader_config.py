@@ -51,7 +51,8 @@ c.CourseDirectory.submitted_directory = os.path.join(WORK, "submitted")
 c.CourseDirectory.autograded_directory = os.path.join(WORK, "autograded")
 c.CourseDirectory.feedback_directory = os.path.join(WORK, "feedback")
 c.CourseDirectory.solution_directory = os.path.join(WORK, "released-solutions")
-c.CourseDirectory.db_url = "sqlite:///" + os.path.join(WORK, "gradebook.db")
+# The gradebook: sqlite in the work folder, or a database server (DISTLAB_GRADE_DB_URL).
+c.CourseDirectory.db_url = _grading.db_url()
 # The exchange students fetch from and submit to (nbgrader's shared multi-user exchange): on
 # the course hub it is a folder every user can write (hub/README.md); by default a private one.
 c.Exchange.root = _grading.exchange_root()
@@ -89,7 +90,7 @@ c.Autograde.autograde_preprocessors = [
     _plugins.CleanRoomTests,    # test cells in the clean room: outputs + verdicts
     "nbgrader.preprocessors.IgnorePattern",
     "nbgrader.preprocessors.LimitOutput",
-    "nbgrader.preprocessors.SaveAutoGrades",
+    _plugins.SaveAutoGradesAtOnce,  # one transaction per student notebook, not one per cell
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]

@@ -12,6 +12,9 @@ PACKAGES=(
   chromium
   # tests/test_hub.py and `make hub`: git daemon serves the course repository to the servers.
   git
+  # tests/test_gradebook_server.py: a private PostgreSQL server for the gradebook
+  # (scripts/postgres_server.py runs Debian's initdb and postgres as `nobody` in a test folder).
+  postgresql
 )
 # The course hub's proxy (configurable-http-proxy) comes from npm: Node.js and npm, Debian's
 # unless the machine already has them (e.g. from NodeSource, whose nodejs includes npm).

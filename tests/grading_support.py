@@ -23,14 +23,19 @@ SLUG = "00-first-steps"
 
 
 class Course:
-    def __init__(self, work: Path):
+    def __init__(self, work: Path, db_url: str | None = None):
+        """``db_url``: the gradebook on a database server (DISTLAB_GRADE_DB_URL); default sqlite."""
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
+        self.db_url = db_url or f"sqlite:///{self.work / 'gradebook.db'}"
         self.log = ""
 
     def env(self) -> dict:
         env = dict(os.environ)
         env["DISTLAB_GRADE_WORK"] = str(self.work)
+        env.pop("DISTLAB_GRADE_DB_URL", None)
+        if not self.db_url.startswith("sqlite:"):
+            env["DISTLAB_GRADE_DB_URL"] = self.db_url
         return env
 
     def grade(self, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
@@ -59,7 +64,7 @@ class Course:
         from nbgrader.api import Gradebook
 
         found: dict = {}
-        with Gradebook(f"sqlite:///{self.work / 'gradebook.db'}") as gb:
+        with Gradebook(self.db_url) as gb:
             for student in gb.students:
                 try:
                     submission = gb.find_submission_notebook(slug, slug, student.id)
@@ -72,7 +77,7 @@ class Course:
         """``{test grade id: points}`` of the assignment, from the gradebook."""
         from nbgrader.api import Gradebook
 
-        with Gradebook(f"sqlite:///{self.work / 'gradebook.db'}") as gb:
+        with Gradebook(self.db_url) as gb:
             return {c.name: c.max_score for c in gb.find_notebook(slug, slug).grade_cells}
 
     def table(self, name: str) -> list:

@@ -60,7 +60,7 @@ def nbgrader(*args: str) -> int:
     args = (*args, *EXTRA)
     command = [sys.executable, "-m", "nbgrader", *args]
     say("$ nbgrader " + " ".join(args))
-    env = dict(os.environ)
+    env = config.nbgrader_environment(dict(os.environ))
     # nbgrader runs the `alembic` command by name: the .venv's bin must come first on PATH.
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(repo, "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -163,8 +163,21 @@ def return_feedback(slug: str) -> int:
     return nbgrader("release_feedback", slug)
 
 
-def _students(args) -> list[str]:
-    return [f"--student={s}" for s in (args.student or [])]
+def for_each_student(command: str, slug: str, students: list[str]) -> list[tuple[str | None, int, list[str]]]:
+    """``nbgrader COMMAND SLUG --force`` for the whole class (student ``None``), or once for each
+    of ``students`` (nbgrader's ``--student`` takes one id per run). Returns
+    ``(student, exit code, what it printed)`` per run."""
+    runs = []
+    for student in students or [None]:
+        code = nbgrader(command, slug, "--force", *([f"--student={student}"] if student else []))
+        runs.append((student, code, list(OUTPUT)))
+    return runs
+
+
+def last_error(lines: list[str]) -> str:
+    """The last exception line of a log (``psycopg.OperationalError: ...``), for a one-line reason."""
+    errors = [line.strip() for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*: ", line.strip())]
+    return errors[-1] if errors else "see the log above"
 
 
 def released(slug: str, command: str) -> bool:
@@ -176,24 +189,60 @@ def released(slug: str, command: str) -> bool:
     """
     from nbgrader.api import Gradebook, MissingEntry
 
-    database = os.path.join(config.work_dir(), "gradebook.db")
-    if os.path.exists(database):
-        with Gradebook(f"sqlite:///{database}") as gradebook:
+    url = config.db_url()
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+        known = False
+    else:
+        with Gradebook(url) as gradebook:
             try:
                 gradebook.find_assignment(slug)
-                return True
+                known = True
             except MissingEntry:
-                pass
-    say(f"{command} {slug}: the gradebook of {config.work_dir()} does not know {slug} yet: release it first "
-        f"(python -m distlab.grade release {slug}), which enters it in this working folder's gradebook")
-    return False
+                known = False
+    if not known:
+        say(f"{command} {slug}: the gradebook {config.shown_url(url)} does not know {slug} yet: release it "
+            f"first (python -m distlab.grade release {slug}), which enters it in that gradebook")
+    return known
+
+
+def database_answers(command: str) -> bool:
+    """Can we reach the gradebook? A database server that is down (or a wrong URL) is one line
+    naming it, before nbgrader starts, instead of a traceback per student."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = config.db_url()
+    if url.startswith("sqlite:"):
+        return True
+    engine = create_engine(url, connect_args={"connect_timeout": 10} if "postgresql" in url else {})
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return True
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        say(f"{command}: the gradebook database {config.shown_url(url)} does not answer ({reason}); "
+            "start it, or set DISTLAB_GRADE_DB_URL to one that runs")
+        return False
+    finally:
+        engine.dispose()
 
 
 def autograde(slug: str, students: list[str]) -> int:
     start = time.monotonic()
-    code = nbgrader("autograde", slug, "--force", *students)
-    for student, reason in ungraded(OUTPUT).items():
+    runs = for_each_student("autograde", slug, students)
+    code = max(run_code for _, run_code, _ in runs)
+    failed = {}
+    for student, run_code, printed in runs:
+        failed.update(ungraded(printed))
+        if student and run_code != 0 and student not in failed:  # nbgrader itself stopped
+            failed[student] = last_error(printed)
+    for student, reason in failed.items():
         say(f"autograde {slug}: {student} NOT GRADED (scores 0): {reason}")
+    if (failed or code) and not database_answers("autograde"):  # the server went away while grading
+        say(f"autograde {slug}: run it again once the database answers; students graded before it "
+            "stopped keep their scores")
+        code = code or 1
     say(f"autograde {slug}: {'done' if code == 0 else 'done, with failures (see above)'} "
         f"in {time.monotonic() - start:.1f} s")
     return code
@@ -201,7 +250,7 @@ def autograde(slug: str, students: list[str]) -> int:
 
 def feedback(slug: str, students: list[str]) -> int:
     start = time.monotonic()
-    code = nbgrader("generate_feedback", slug, "--force", *students)
+    code = max(run_code for _, run_code, _ in for_each_student("generate_feedback", slug, students))
     say(f"feedback for {slug} is in {os.path.join(config.work_dir(), 'feedback')} "
         f"({time.monotonic() - start:.1f} s)")
     return code
@@ -236,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("autograde", "feedback"):
         p = sub.add_parser(name)
         p.add_argument("slug")
-        p.add_argument("--student", action="append")
+        p.add_argument("--student", action="append", help="only this student (repeat for several)")
     p = sub.add_parser("export", help="export all grades as CSV")
     p.add_argument("--to")
     p = sub.add_parser("class", help="collect, autograde, feedback, export")
@@ -249,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     EXTRA[:] = extra  # e.g. --CleanRoomTests.rank_memory_mb=4096 --Execute.timeout=30
 
+    if not database_answers(args.command):
+        return 1
     if args.command == "release":
         return release(args.slugs, args.to)
     if args.command == "collect":
@@ -262,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("autograde", "feedback", "class") and not released(args.slug, args.command):
         return 1
     if args.command == "autograde":
-        return autograde(args.slug, _students(args))
+        return autograde(args.slug, args.student or [])
     if args.command == "feedback":
-        return feedback(args.slug, _students(args))
+        return feedback(args.slug, args.student or [])
     if args.command == "export":
         return export(args.to)
     codes = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 CELL_TIMEOUT_S = 60
 """Per-cell timeout in the student's kernel: a cell still running after it is interrupted
@@ -30,6 +31,39 @@ def repo_root() -> str:
 def work_dir(repo: str | None = None) -> str:
     """The git-ignored working folder (``DISTLAB_GRADE_WORK`` overrides ``grader/work``)."""
     return os.path.abspath(os.environ.get("DISTLAB_GRADE_WORK") or os.path.join(repo or repo_root(), "grader", "work"))
+
+
+DB_URL_VARIABLE = "DISTLAB_GRADE_DB_URL"
+_db_url: str | None = None
+
+
+def db_url() -> str:
+    """The gradebook's SQLAlchemy URL: ``DISTLAB_GRADE_DB_URL`` if set, else ``<work>/gradebook.db``.
+
+    sqlite (the default) is one file on one machine. A class graded by many jobs at once
+    writes from many nodes: that is a database server's job, e.g.
+    ``postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE`` (psycopg 3 driver).
+
+    The variable is read once and then removed from this process's environment: the URL
+    holds the database password, and the kernels, ranks and clean rooms this process starts
+    run student code, which must not find it there. (``python -m distlab.grade`` hands it to
+    nbgrader explicitly, see :func:`nbgrader_environment`.)
+    """
+    global _db_url
+    if DB_URL_VARIABLE in os.environ:
+        _db_url = os.environ.pop(DB_URL_VARIABLE)
+    return _db_url or "sqlite:///" + os.path.join(work_dir(), "gradebook.db")
+
+
+def nbgrader_environment(env: dict) -> dict:
+    """``env`` for an nbgrader child: with the gradebook URL if it is not the default."""
+    url = db_url()
+    return {**env, DB_URL_VARIABLE: url} if not url.startswith("sqlite:") else env
+
+
+def shown_url(url: str) -> str:
+    """A database URL fit for a log: the password replaced by ``***``."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
 
 
 def exchange_root() -> str:

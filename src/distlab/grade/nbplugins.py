@@ -7,6 +7,8 @@
   (:mod:`distlab.grade.cleanroom`, a separate process), and writes each test cell's output and
   verdict into the notebook, where nbgrader's ``SaveAutoGrades`` scores them as usual
   (an error output: 0 points; none: full points).
+* :class:`SaveAutoGradesAtOnce` replaces nbgrader's ``SaveAutoGrades``: one transaction per
+  student notebook instead of one commit per cell.
 * :class:`HideHiddenTestDetails` runs when feedback is generated: in test cells it removes
   any line of hidden-test code that shows up in an output (nbgrader's ``ClearHiddenTests``,
   which runs after it, removes the hidden code from the cell source).
@@ -29,8 +31,14 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
-from nbgrader.api import MissingEntry
-from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.preprocessors import (
+    ClearHiddenTests,
+    Execute,
+    NbGraderPreprocessor,
+    OverwriteCells,
+    SaveAutoGrades,
+)
 from traitlets import Integer, List, Unicode
 
 from distlab.grade import config, limits
@@ -209,6 +217,36 @@ def released_version(source: str) -> str:
     cell = NotebookNode({"cell_type": "code", "source": source, "metadata": {}})
     ClearHiddenTests()._remove_hidden_test_region(cell)
     return cell.source
+
+
+class SaveAutoGradesAtOnce(SaveAutoGrades):
+    """nbgrader's ``SaveAutoGrades``, writing a student's scores and comments in one transaction.
+
+    nbgrader commits after every cell, so a grading job killed halfway (a node failure, a
+    time limit) left some cells with this run's scores and the rest with the last run's or
+    none. Here each cell's write is only flushed (sent to the database inside the open
+    transaction); the commit comes once, after the last cell, and an error rolls the whole
+    student back. A server database (``DISTLAB_GRADE_DB_URL``) also makes the write atomic
+    for other readers: they see all of this student's new scores or none.
+    """
+
+    def preprocess(self, nb, resources):
+        info = resources["nbgrader"]
+        self.notebook_id, self.assignment_id = info["notebook"], info["assignment"]
+        self.student_id, self.db_url = info["student"], info["db_url"]
+        self.gradebook = Gradebook(self.db_url)
+        with self.gradebook:
+            session = self.gradebook.db
+            session.commit = session.flush  # for the cells below: write, but do not commit yet
+            try:
+                nb, resources = NbGraderPreprocessor.preprocess(self, nb, resources)
+            except BaseException:
+                session.rollback()
+                raise
+            finally:
+                del session.commit         # the session's own commit again
+            session.commit()
+        return nb, resources
 
 
 class QuietClearHiddenTests(ClearHiddenTests):
