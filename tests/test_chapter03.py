@@ -7,6 +7,7 @@ bound) run for every assignment in tests/test_grading.py; here are the chapter's
 from __future__ import annotations
 
 import grading_support as gs
+import pytest
 
 import distlab
 
@@ -114,3 +115,17 @@ test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
            "task3-answer": SYNC_EVERY_MICRO_STEP},
     {"task1-tests": "a missing broadcast", "task2-tests": "all-reduces after backward (no overlap)",
      "task3-tests": "communicating on every micro-step"})
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_test_helpers_accept_the_reference_on_every_model_they_offer():
+    """Each task's check, run on the solution with every model of the notebook (the awkward one
+    with buckets of every shape: one holding everything, unused parameter included), passes."""
+    nb = gs.notebook_definitions(SLUG)
+    kinds = ("mlp", "gpt", "awkward")
+    nb["check_task1"]([(kind, "sgd", 0.1, nb["batches"](kind, 2, 8, seed=7)) for kind in kinds], nprocs=2)
+    nb["check_task2"]([(kind, bucket_mb, 0.1, nb["batches"](kind, 2, 8, seed=8))
+                       for kind in kinds for bucket_mb in (0.0003, 100.0)], nprocs=2)
+    nb["check_task3"]([(kind, 2, 0.1, nb["batches"](kind, 2, 16, seed=9)) for kind in kinds], nprocs=2)
+    assert nb["buckets_ready_in_backward"]("awkward", 100.0) == 0      # the one bucket holds `unused`
+    assert nb["buckets_ready_in_backward"]("gpt", 100.0) == 1
