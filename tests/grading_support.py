@@ -7,6 +7,7 @@ repository's ``grader/work`` or ``notebooks/``.
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import shutil
@@ -97,6 +98,24 @@ def notebook_cells(path) -> list:
     import nbformat
 
     return nbformat.read(str(path), as_version=4).cells
+
+
+def notebook_definitions(slug: str) -> dict:
+    """What a student's kernel holds once every cell ran, with the solution's answers: the
+    setup, the answers, and the definitions of the test cells (their checks not called)."""
+    namespace: dict = {}
+    for cell in notebook_cells(solution_path(slug)):
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code" or not meta.get("grade_id"):
+            continue
+        source = cell.source.split("### BEGIN HIDDEN TESTS")[0]
+        source = "\n".join(line for line in source.splitlines() if "### " not in line)  # solution markers
+        tree = ast.parse(source)
+        if meta.get("grade") and not meta.get("solution"):  # a test cell: its definitions only
+            tree.body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom,
+                                                                          ast.FunctionDef, ast.ClassDef))]
+        exec(compile(tree, f"<{meta['grade_id']}>", "exec"), namespace)
+    return namespace
 
 
 def solution_path(slug: str) -> Path:

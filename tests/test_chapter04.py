@@ -12,6 +12,7 @@ from grading_support import (
     assert_tasks_graded_on_2_and_4_ranks,
     forbidden_list,
     grade_one_student,
+    notebook_definitions,
     solution_answers,
     try_each,
 )
@@ -174,3 +175,14 @@ def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
     feedback = course.autograded_text()
     for reason in ("of optimizer state", "called all_reduce", "bytes of parameters at once"):
         assert reason in feedback, f"the wrong answer failed, but not with the expected check: {reason!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_test_helpers_accept_the_reference_on_every_model_they_offer():
+    """Each task's check, run on the solution with both models of the notebook, passes."""
+    nb = notebook_definitions(SLUG)
+    kinds = ("mlp", "gpt")
+    nb["check_task1"]([(kind, 1e-2, nb["batches"](kind, 2, 8, seed=7)) for kind in kinds], nprocs=2)
+    nb["check_task2"]([(kind, 1e-2, nb["batches"](kind, 2, 8, seed=8)) for kind in kinds], nprocs=2)
+    nb["check_task3"]([(kind, nb["batches"](kind, 2, 8, seed=9)) for kind in kinds], nprocs=2)
