@@ -80,13 +80,17 @@ def tidy_paths(line: str) -> str:
     return re.sub(r"/[^\s'\"]*/\.\./[^\s'\"]*", lambda m: os.path.normpath(m.group(0)), line)
 
 
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
+"""The last line of a Python traceback, e.g. ``psycopg.OperationalError: connection failed``."""
+
+
 def ungraded(lines: list[str]) -> dict[str, str]:
     """``{student: reason}`` for each submission nbgrader could not grade at all (a file that
     is not a notebook, say), the reason being the last exception line it logged before."""
     found, reason = {}, "see the log above"
     for line in lines:
         text = line.strip()
-        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*: ", text):
+        if EXCEPTION_LINE.match(text):
             reason = text
         failed = re.search(r"error processing assignment '[^']+' for student '([^']+)'", text)
         if failed:
@@ -176,7 +180,7 @@ def for_each_student(command: str, slug: str, students: list[str]) -> list[tuple
 
 def last_error(lines: list[str]) -> str:
     """The last exception line of a log (``psycopg.OperationalError: ...``), for a one-line reason."""
-    errors = [line.strip() for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*: ", line.strip())]
+    errors = [line.strip() for line in lines if EXCEPTION_LINE.match(line.strip())]
     return errors[-1] if errors else "see the log above"
 
 
