@@ -116,6 +116,7 @@ test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
     {"task1-tests": "a missing broadcast", "task2-tests": "all-reduces after backward (no overlap)",
      "task3-tests": "communicating on every micro-step"})
 
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_test_helpers_accept_the_reference_on_every_model_they_offer():

@@ -11,7 +11,6 @@ naming it, and grading again after it is back changes nothing but what was missi
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -42,12 +41,8 @@ def server_root() -> Path:
 
 @pytest.fixture(scope="module")
 def postgres():
-    root = server_root()
-    try:
-        with postgres_server.running_postgres(root) as server:
-            yield server
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with postgres_server.running_postgres(server_root()) as server:   # removes its folder too
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +122,9 @@ def autograde_until(course: Course, line_part: str, *students: str) -> subproces
 @pytest.mark.timeout(900)
 def test_a_server_that_goes_down_is_named_and_grading_again_completes_without_duplicates(graded, postgres):
     before = graded.scores()
-    shown = postgres_server.Server(postgres.root, postgres.port, "***").url
-    named = f"the gradebook database {shown} does not answer"
+    from distlab.grade import config
+
+    named = f"the gradebook database {config.shown_url(postgres.url)} does not answer"
 
     # Down before the command: one line, at once.
     postgres_server.stop(postgres)
@@ -171,7 +167,6 @@ def test_a_student_is_saved_in_one_transaction(graded, postgres):
 import sys
 sys.path.insert(0, {str(REPO / 'src')!r})
 import nbformat
-from nbgrader.api import Gradebook
 from distlab.grade import nbplugins
 
 nb = nbformat.read({str(graded.work / 'autograded' / 'full' / SLUG / f'{SLUG}.ipynb')!r}, as_version=4)
