@@ -19,6 +19,8 @@ How grading differs from plain nbgrader (see ``src/distlab/grade/``):
   back as plain data (tensors, numbers, strings, containers) decoded with a safe loader.
   What the student's kernel does (monkey-patching torch, distlab.grade.checks, distlab.run, the
   traceback display, ...) therefore cannot change a verdict.
+* both the kernel and the clean room (with its ranks) run inside bubblewrap's namespaces
+  (distlab.grade.bubblewrap): no solutions, gradebook, other students, home or network there.
 """
 
 import os

@@ -15,6 +15,9 @@ PACKAGES=(
   # tests/test_gradebook_server.py: a private PostgreSQL server for the gradebook
   # (scripts/postgres_server.py runs Debian's initdb and postgres as `nobody` in a test folder).
   postgresql
+  # tests/test_sandbox.py and every autograde: student code runs inside bubblewrap's
+  # namespaces (src/distlab/grade/bubblewrap.py).
+  bubblewrap
 )
 # The course hub's proxy (configurable-http-proxy) comes from npm: Node.js and npm, Debian's
 # unless the machine already has them (e.g. from NodeSource, whose nodejs includes npm).

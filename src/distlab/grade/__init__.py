@@ -14,6 +14,9 @@ The pieces, in the order a submission meets them:
   runs the student's cells and calls the real function there. Results come back as plain
   data through :mod:`distlab.grade.safeload` (a pickle loader that can build no objects
   but tensors, numbers, strings and containers).
+* :mod:`distlab.grade.bubblewrap`: the kernel and the clean room (with its ranks) start
+  inside an operating-system sandbox: a private file system view, network, process table
+  and an unprivileged user, so what gets past the Python guard still reaches nothing.
 
 What the rank-side pieces are, which tests and the clean room both use:
 

@@ -232,6 +232,22 @@ def database_answers(command: str) -> bool:
         engine.dispose()
 
 
+def sandbox_starts(command: str) -> bool:
+    """Can student code be graded inside the operating-system boundary here? One line if not."""
+    from distlab.grade import bubblewrap
+
+    if not bubblewrap.enabled():
+        say(f"{command}: grading WITHOUT the operating-system sandbox ({bubblewrap.SANDBOX_VARIABLE}=none): "
+            "student code can write wherever this account can")
+        return True
+    try:
+        bubblewrap.check()
+        return True
+    except bubblewrap.SandboxUnavailable as exc:
+        say(f"{command}: {exc}")
+        return False
+
+
 def autograde(slug: str, students: list[str]) -> int:
     start = time.monotonic()
     runs = for_each_student("autograde", slug, students)
@@ -315,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "return":
         return return_feedback(args.slug)
     if args.command in ("autograde", "feedback", "class") and not released(args.slug, args.command):
+        return 1
+    if args.command in ("autograde", "class") and not sandbox_starts(args.command):
         return 1
     if args.command == "autograde":
         return autograde(args.slug, args.student or [])

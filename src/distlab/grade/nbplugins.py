@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +42,7 @@ from nbgrader.preprocessors import (
 )
 from traitlets import Integer, List, Unicode
 
-from distlab.grade import config, limits
+from distlab.grade import bubblewrap, config, limits
 from distlab.runtime import processes
 
 
@@ -51,10 +52,52 @@ def is_test_cell(cell) -> bool:
 
 
 class GradingKernelManager(AsyncKernelManager):
-    """Starts the kernel as ``<this python> -m distlab.grade.kernel``: the project's .venv, capped."""
+    """Starts the kernel as ``<this python> -m distlab.grade.kernel``: the project's .venv, capped.
+
+    Inside the operating-system boundary (:mod:`distlab.grade.bubblewrap`) the kernel has a
+    network of its own, so it cannot listen on the grader's ``127.0.0.1``: it talks to nbgrader
+    through Unix sockets (jupyter's ``ipc`` transport) in a private folder, the one folder it
+    shares with the grader besides the submission's. Interrupting a cell that runs too long is
+    a message (``interrupt_request``): a signal to the kernel's process group would reach
+    ``bwrap`` instead.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sandboxed = bubblewrap.enabled()
+        self.kernel_cwd = os.getcwd()
+        self.sockets_folder = None
+        if self.sandboxed:
+            self.sockets_folder = tempfile.mkdtemp(prefix="distlab-kernel-")
+            self.transport = "ipc"
+            self.connection_file = os.path.join(self.sockets_folder, "kernel.json")
+            self.ip = os.path.join(self.sockets_folder, "socket")
+
+    async def start_kernel(self, **kw):
+        self.kernel_cwd = kw.get("cwd") or os.getcwd()
+        return await self._async_start_kernel(**kw)
 
     def format_kernel_cmd(self, extra_arguments=None):
-        return [sys.executable, "-m", "distlab.grade.kernel", "-f", self.connection_file] + list(extra_arguments or [])
+        argv = [sys.executable, "-m", "distlab.grade.kernel", "-f", self.connection_file] + list(extra_arguments or [])
+        if not self.sandboxed:
+            return argv
+        for folder in (self.sockets_folder, self.kernel_cwd):
+            bubblewrap.hand_over(folder)
+        # JPY_PARENT_PID=1: no parent polling (inside, the parent is the sandbox's init; bwrap's
+        # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
+        return bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
+                                  env={"JPY_PARENT_PID": "1"})
+
+    async def interrupt_kernel(self):
+        if not self.sandboxed:
+            return await self._async_interrupt_kernel()
+        self._connect_control_socket()
+        self.session.send(self._control_socket, self.session.msg("interrupt_request", content={}))
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if self.sockets_folder and not restart:
+            shutil.rmtree(self.sockets_folder, ignore_errors=True)
 
 
 class KernelExecute(Execute):
@@ -169,8 +212,11 @@ class CleanRoomTests(NbGraderPreprocessor):
             start = time.monotonic()
             # Its own session (the grader can end it and its ranks as one group), and it dies
             # with us: if the grader is killed, nothing it started grades on.
-            proc = subprocess.Popen([sys.executable, "-m", "distlab.grade.cleanroom", job_path, verdict_path],
-                                    cwd=room, start_new_session=True, stdin=subprocess.DEVNULL,
+            argv = [sys.executable, "-m", "distlab.grade.cleanroom", job_path, verdict_path]
+            if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
+                bubblewrap.hand_over(room)
+                argv = bubblewrap.command(argv, writable=[room], cwd=room)
+            proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.DEVNULL,
                                     preexec_fn=processes.die_with_parent)
             problem = None
             try:

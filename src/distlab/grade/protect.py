@@ -12,8 +12,10 @@ Python code. :func:`protect` installs ours, which refuses:
 
 Limits of the approach, said plainly: this guards Python-level access. Code that loads C
 functions with ``ctypes`` and makes raw system calls gets past an audit hook; that is why
-the grader also runs each rank under resource caps (:mod:`distlab.grade.limits`), and decides
-the verdict in a process the student's code never runs in (:mod:`distlab.grade.cleanroom`).
+the grader also runs each rank under resource caps (:mod:`distlab.grade.limits`), decides
+the verdict in a process the student's code never runs in (:mod:`distlab.grade.cleanroom`),
+and starts everything that runs student code inside an operating-system boundary
+(:mod:`distlab.grade.bubblewrap`), where the protected files do not even exist.
 """
 
 from __future__ import annotations

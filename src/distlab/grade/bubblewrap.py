@@ -1,0 +1,190 @@
+"""The operating-system boundary around student code: Linux namespaces, set up by bubblewrap.
+
+The guard in :mod:`distlab.grade.protect` works inside Python: code that loads C functions
+with ``ctypes`` makes system calls it never sees, and then the grading user's whole file
+system is writable. So the two processes that run student code, the grading kernel and the
+clean room (whose ranks run the student's functions), start inside ``bwrap`` (Debian's
+``bubblewrap``), which gives them their own view of the machine:
+
+=============  ============================================================================
+files          A new, empty root holding, read-only: the system (``/usr``, ``/etc``), this
+               Python and its packages (``sys.prefix``), and the repository's ``src/`` and
+               ``data/``. Nothing else exists: not the solutions, not ``grader/`` (the
+               gradebook, the other students' folders), not ``.git``, not the exchange, not
+               the grader's home. ``/tmp`` and ``/dev/shm`` are private and empty. The only
+               folders shared with the outside, writable, are the ones the caller names: the
+               submission's own folder (kernel) or the clean room's folder.
+network        A new network namespace: only its own loopback. Ranks talk to each other over
+               ``127.0.0.1`` inside it; the machine's services (a database, the hub, Slurm's
+               daemons, even on the host's ``127.0.0.1``) and every other address are out of
+               reach.
+processes      A new PID namespace: the sandbox sees only its own processes, so it cannot
+               signal anyone else's. ``--die-with-parent``: when the process that started
+               ``bwrap`` dies, the kernel ends every process in the sandbox.
+user           An unprivileged account. A grader running as root drops to ``nobody`` (uid
+               65534) inside the sandbox, after the mounts are made; any other grader's
+               processes appear as ``nobody`` in a user namespace without capabilities.
+=============  ============================================================================
+
+Sockets: a Unix socket is reached through the file system, not the network, so hiding
+``/run`` and ``/tmp`` (where daemons keep theirs) matters as much as the network namespace.
+
+``DISTLAB_GRADE_SANDBOX=none`` grades without this boundary (the Python guard and the
+resource caps stay): for a machine without bubblewrap or without user namespaces, and only
+where the students are trusted.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+
+NOBODY = 65534
+SANDBOX_VARIABLE = "DISTLAB_GRADE_SANDBOX"
+PASSED_VARIABLES = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "OMP_NUM_THREADS",
+                    "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "DISTLAB_GRADE_KERNEL", "DISTLAB_THREADS",
+                    "DISTLAB_BACKEND", "DISTLAB_PG_TIMEOUT", "DISTLAB_START_TIMEOUT", "DISTLAB_MAX_OUTPUT_BYTES",
+                    "DISTLAB_CORPUS"}
+"""Variables the sandbox keeps; the rest of the grader's environment (tokens, passwords, Slurm's
+job variables: inside, ranks start locally) stays out."""
+PASSED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "NVIDIA_")
+_MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+                "/dev/nvidia-caps", "/dev/dri", "/dev/infiniband")
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create namespaces on this machine."""
+
+
+def enabled() -> bool:
+    """Whether student code is graded inside the boundary (the default)."""
+    return os.environ.get(SANDBOX_VARIABLE, "bwrap").strip().lower() not in ("none", "off", "0")
+
+
+def _readable_roots(repo: str) -> list[str]:
+    """Folders shown read-only: this Python, its packages, and the repository's code and data."""
+    roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+             os.path.join(repo, "src"), os.path.join(repo, "data")}
+    if os.environ.get("DISTLAB_CORPUS"):  # a corpus of the instructor's choice (distlab.data.corpus)
+        roots.add(os.path.dirname(os.path.realpath(os.environ["DISTLAB_CORPUS"])))
+    repo = os.path.realpath(repo)
+    for entry in sys.path:  # e.g. a user site-packages, or an editable install elsewhere
+        real = os.path.realpath(entry) if os.path.isabs(entry) else ""
+        inside_repo = real == repo or real.startswith(repo + os.sep)  # grader/ must stay hidden
+        if os.path.isdir(real) and not inside_repo and not real.startswith(("/usr/", "/etc/")):
+            roots.add(real)
+    roots = sorted(r for r in roots if os.path.isdir(r) and not r.startswith(("/usr/", "/etc/")) and r != "/usr")
+    # A folder inside another one already shown needs no mount of its own.
+    return [r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots)]
+
+
+def passed_environment() -> dict[str, str]:
+    """The variables of the grader's environment that the sandbox keeps (:data:`PASSED_VARIABLES`)."""
+    return {name: value for name, value in os.environ.items()
+            if name in PASSED_VARIABLES or name.startswith(PASSED_PREFIXES)}
+
+
+def _parents(paths: list[str]) -> list[str]:
+    """The folders above ``paths`` (not ``/``), outermost first, each once."""
+    found = set()
+    for path in paths:
+        parent = os.path.dirname(path)
+        while parent not in ("/", ""):
+            found.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(found, key=lambda p: (p.count(os.sep), p))
+
+
+def command(argv: list[str], writable: list[str], cwd: str, repo: str | None = None,
+            env: dict[str, str] | None = None) -> list[str]:
+    """``argv`` as a command line that runs it inside the boundary.
+
+    Args:
+        argv: the command (its program must be under a folder the sandbox shows, e.g.
+            ``sys.executable``).
+        writable: the folders shared with the outside, writable (made the sandbox user's
+            when the grader is root, see :func:`hand_over`).
+        cwd: the working folder inside (one of ``writable``, typically).
+        repo: the repository (default: the one this distlab comes from).
+        env: variables to set inside (``HOME`` and ``TMPDIR`` are the private ``/tmp``).
+    """
+    if repo is None:
+        from distlab.grade import config
+
+        repo = config.repo_root()
+    repo = os.path.realpath(repo)
+    as_root = os.geteuid() == 0
+    cmd = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+           "--unshare-uts", "--unshare-cgroup-try", "--hostname", "localhost"]  # resolves (/etc/hosts) to the private loopback
+    if as_root:  # mounts are made as root; the program itself runs as nobody (setpriv, below)
+        cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        cmd += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL"]
+    hosts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox-hosts")
+    cmd += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc", "--ro-bind", hosts, "/etc/hosts"]
+    for path in _MERGED_USR:
+        if os.path.islink(path):
+            cmd += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            cmd += ["--ro-bind", path, path]
+    cmd += ["--ro-bind", "/sys", "/sys",  # read-only: torch reads the CPU layout, gloo the network devices
+            "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--perms", "1777", "--tmpfs", "/tmp"]
+    for device in _GPU_DEVICES + tuple(f"/dev/nvidia{i}" for i in range(16)):
+        if os.path.exists(device):
+            cmd += ["--dev-bind", device, device]
+    readable, writable = _readable_roots(repo), [os.path.realpath(f) for f in writable]
+    for parent in _parents(readable + writable):  # bwrap would make them 0700: nobody could pass
+        cmd += ["--perms", "0755", "--dir", parent]
+    for root in readable:
+        cmd += ["--ro-bind", root, root]
+    for folder in writable:
+        cmd += ["--bind", folder, folder]
+    cmd += ["--clearenv"]  # the grader's environment may hold tokens and passwords
+    for name, value in {**passed_environment(), "HOME": "/tmp", "TMPDIR": "/tmp", **(env or {})}.items():
+        cmd += ["--setenv", name, value]
+    cmd += ["--chdir", os.path.realpath(cwd), "--"]
+    if as_root:
+        cmd += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
+                "--no-new-privs", "--"]
+    return cmd + list(argv)
+
+
+def hand_over(folder: str) -> None:
+    """Make ``folder`` (and what it holds) writable by the sandbox's user.
+
+    A root grader's sandbox runs as nobody, which must be able to write the folder the
+    grader prepared for it; any other grader's sandbox is the grader itself, so nothing
+    changes.
+    """
+    if os.geteuid() != 0:
+        return
+    # bwrap enters the working folder after giving up root's right to pass any folder
+    os.chmod(folder, os.stat(folder).st_mode | 0o111)
+    for parent, dirs, files in os.walk(folder):
+        for name in [parent] + [os.path.join(parent, n) for n in dirs + files]:
+            os.chown(name, NOBODY, NOBODY, follow_symlinks=False)
+
+
+@functools.lru_cache(maxsize=1)
+def check() -> None:
+    """Raise :class:`SandboxUnavailable` with what to do, unless a sandbox starts here."""
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable(
+            "bubblewrap is not installed: student code is graded inside it (apt-get install bubblewrap). "
+            f"To grade without this boundary, only for trusted students, set {SANDBOX_VARIABLE}=none.")
+    probe = command([sys.executable, "-c", "print('ok')"], writable=[], cwd="/tmp")
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        raise SandboxUnavailable("bubblewrap did not start a sandbox within 60 s") from exc
+    if done.returncode != 0 or done.stdout.strip() != "ok":
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SandboxUnavailable(
+            f"bubblewrap cannot start a sandbox here ({why}); it needs user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1) unless the grader runs as root. "
+            f"To grade without this boundary, only for trusted students, set {SANDBOX_VARIABLE}=none.")

@@ -1,0 +1,257 @@
+"""The operating-system boundary around graded student code (distlab.grade.bubblewrap).
+
+Tried as a hostile student would, with what the Python guard cannot stop: the probe below runs
+inside the sandbox with *no* guard installed, so whatever it fails to do, the operating
+system refused. Every check has a positive twin (the writable folder is writable, ranks run
+and talk over the private loopback), so a sandbox that simply failed to start cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from grading_support import REPO, SLUG, Course, fresh_dir, solution_answers, with_answers
+from process_support import alive_with_marker
+
+from distlab.grade import bubblewrap
+
+PROBE = textwrap.dedent(r'''
+    import json, os, socket, sys
+    targets = json.loads(sys.argv[1])
+    report = {"uid": os.getuid(), "environment": dict(os.environ), "created": {}, "read": {}, "connected": {}}
+    for path in targets["create"]:
+        try:
+            with open(path, "w") as f:
+                f.write("escaped")
+            report["created"][path] = "yes"
+        except OSError as exc:
+            report["created"][path] = exc.strerror
+    for path in targets["read"]:
+        try:
+            report["read"][path] = open(path).read(40)
+        except OSError as exc:
+            report["read"][path] = "refused: " + exc.strerror
+    for host, port in targets["connect"]:
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        s.settimeout(3)
+        try:
+            s.connect((host, port))
+            report["connected"][f"{host}:{port}"] = "yes"
+        except OSError as exc:
+            report["connected"][f"{host}:{port}"] = type(exc).__name__
+    try:
+        os.kill(targets["pid"], 0)
+        report["signal"] = "delivered"
+    except OSError as exc:
+        report["signal"] = type(exc).__name__
+    print(json.dumps(report))
+''')
+
+
+def machine_addresses() -> list[str]:
+    """This machine's addresses that are not loopback (IPv4 and global IPv6)."""
+    found = []
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family in (socket.AF_INET, socket.AF_INET6) and not a.address.startswith(("127.", "::1", "fe80")):
+                found.append(a.address.split("%")[0])
+    return found
+
+
+@pytest.fixture
+def listeners():
+    """Listening sockets on the host's loopback and on every other address it has."""
+    sockets = []
+    for host in ["127.0.0.1"] + machine_addresses():
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        s.bind((host, 0))
+        s.listen()
+        sockets.append(s)
+    yield [(s.getsockname()[0], s.getsockname()[1]) for s in sockets]
+    for s in sockets:
+        s.close()
+
+
+def run_probe(targets: dict, writable: list[str], cwd: str) -> dict:
+    command = bubblewrap.command([sys.executable, "-c", PROBE, json.dumps(targets)], writable=writable, cwd=cwd)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_student_code_in_the_sandbox_reaches_only_its_own_folder(tmp_path, listeners, monkeypatch):
+    tag = f"distlab-escape-{os.getpid()}-{time.monotonic_ns()}"
+    scratch, work = tmp_path / "scratch", tmp_path / "work"
+    other = work / "submitted" / "bob" / SLUG / f"{SLUG}.ipynb"
+    other.parent.mkdir(parents=True)
+    other.write_text("bob's answers")
+    scratch.mkdir()
+    bubblewrap.hand_over(str(scratch))
+    outside = ["/" + tag, "/tmp/" + tag, str(REPO / tag), str(REPO / "src" / tag), str(REPO / "solutions" / tag),
+               os.path.join(os.path.expanduser("~"), tag), str(work / tag), "/dev/shm/" + tag]
+    monkeypatch.setenv("DISTLAB_GRADE_DB_URL_COPY", "postgresql://grader:secret@db/gradebook")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "hub-token")
+    assert len(listeners) >= 2, "this machine needs an address besides loopback for the network check"
+    targets = {"create": outside + [str(scratch / "mine.txt")],
+               "read": [str(other), str(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"), "/etc/shadow",
+                        str(REPO / "src" / "distlab" / "__init__.py")],
+               "connect": listeners, "pid": os.getpid()}
+
+    report = run_probe(targets, writable=[str(scratch)], cwd=str(scratch))
+
+    assert report["created"][str(scratch / "mine.txt")] == "yes"  # the one folder it shares
+    assert (scratch / "mine.txt").read_text() == "escaped"
+    for path in outside:
+        assert not os.path.exists(path), f"the sandbox wrote {path} on the real file system"
+    not_written = {p: why for p, why in report["created"].items() if p in outside and why == "yes"}
+    # /tmp and /dev/shm are private: a write there lands in the sandbox's own empty folder
+    assert set(not_written) <= {"/tmp/" + tag, "/dev/shm/" + tag}, not_written
+    assert report["read"][str(REPO / "src" / "distlab" / "__init__.py")].startswith('"""')  # the code it needs
+    for secret in (str(other), str(REPO / "solutions" / SLUG / f"{SLUG}.ipynb"), "/etc/shadow"):
+        assert report["read"][secret].startswith("refused"), (secret, report["read"][secret])
+    for host, port in listeners:
+        assert report["connected"][f"{host}:{port}"] != "yes", f"reached {host}:{port} from the sandbox"
+    assert report["signal"] == "ProcessLookupError"  # the grader's processes do not exist in there
+    assert report["uid"] == bubblewrap.NOBODY
+    assert "JUPYTERHUB_API_TOKEN" not in report["environment"]
+    assert "DISTLAB_GRADE_DB_URL_COPY" not in report["environment"]
+    assert report["environment"]["HOME"] == "/tmp"
+
+
+def test_ranks_in_the_sandbox_talk_over_its_private_loopback(tmp_path):
+    program = textwrap.dedent('''
+        import distlab, torch
+
+        def total():
+            import torch.distributed as dist
+            t = torch.ones(2) * (dist.get_rank() + 1)
+            dist.all_reduce(t)
+            return t.tolist()
+
+        print(distlab.run(total, nprocs=2, timeout=60))
+    ''')
+    tmp_path.chmod(0o755)
+    bubblewrap.hand_over(str(tmp_path))
+    done = subprocess.run(bubblewrap.command([sys.executable, "-c", program], writable=[str(tmp_path)],
+                                             cwd=str(tmp_path)), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[[3.0, 3.0], [3.0, 3.0]]"
+    assert "cannot be retrieved" not in done.stderr  # the sandbox's hosts file names its loopback
+
+
+def test_killing_the_sandbox_ends_every_process_in_it(tmp_path):
+    marker = f"distlab-sandbox-marker-{time.monotonic_ns()}"
+    program = ("import subprocess, sys, time\n"
+               f"subprocess.Popen(['sleep', '600', '{marker}'], start_new_session=True)\n"
+               f"subprocess.Popen(['sh', '-c', 'sleep 601 {marker} & sleep 602 {marker}'])\n"
+               "print('started', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen(bubblewrap.command([sys.executable, "-c", program], writable=[], cwd="/tmp"),
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "started"
+    deadline = time.monotonic() + 10
+    while len([p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]) < 3:
+        assert time.monotonic() < deadline, "the sandbox's processes did not start"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)  # bwrap itself, as a killed grader would leave it
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not [p for p in psutil.process_iter(["cmdline", "status"])
+                if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]:
+            break
+        time.sleep(0.1)
+    assert alive_with_marker(marker) == []
+
+
+def test_a_grader_that_is_not_root_gets_the_same_boundary_in_a_user_namespace(tmp_path):
+    """The user-namespace branch, run by nobody with Debian's own Python (no packages needed)."""
+    script = textwrap.dedent(f'''
+        import importlib.util, subprocess
+        spec = importlib.util.spec_from_file_location("bw", {str(REPO / "src/distlab/grade/bubblewrap.py")!r})
+        bw = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bw)
+        command = bw.command(["sh", "-c", "id -u; touch {REPO}/src/x || echo refused"], writable=[], cwd="/tmp",
+                             repo={str(REPO)!r})
+        print(subprocess.run(command, capture_output=True, text=True).stdout)
+    ''')
+    if os.geteuid() != 0:
+        pytest.fail("this test drops to nobody, which needs root (as `make test` runs on CI)")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                           script], capture_output=True, text=True, timeout=60, cwd="/tmp")
+    assert done.stdout.split() == ["65534", "refused"], done.stdout + done.stderr
+
+
+def test_without_bubblewrap_the_grader_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    bubblewrap.check.cache_clear()
+    try:
+        with pytest.raises(bubblewrap.SandboxUnavailable, match="apt-get install bubblewrap"):
+            bubblewrap.check()
+    finally:
+        bubblewrap.check.cache_clear()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_submission_escaping_through_ctypes_scores_zero_and_leaves_the_class_intact(tmp_path):
+    """The issue's attack, graded for real: raw libc calls from the kernel and from task 1's ranks
+    write into /, /tmp, the repository and the grader's home, read another student's
+    submission and connect out. Task 1's answer is right only if one of them worked (a file in
+    /tmp counts only if it appears in the real /tmp, which the test checks)."""
+    tag = f"distlab-escaped-{time.monotonic_ns()}"
+    escape = textwrap.dedent(f'''
+        import ctypes, os, socket
+
+        def escape():
+            libc = ctypes.CDLL(None, use_errno=True)
+            got = []
+            home = "{os.path.expanduser("~")}"
+            for path in ("/tmp/{tag}", "/{tag}", "{REPO}/{tag}", home + "/{tag}", "/gradebook.db"):
+                fd = libc.open(path.encode(), 0o1 | 0o100, 0o644)  # O_WRONLY | O_CREAT
+                if fd >= 0:
+                    libc.close(fd)
+                    got.append(path)
+            got = got[1:] if got[:1] == ["/tmp/{tag}"] else got  # /tmp is the sandbox's own (checked outside)
+            other = os.path.join(os.getcwd(), "../../../submitted/aa-honest/{SLUG}/{SLUG}.ipynb")
+            if libc.open(other.encode(), 0) >= 0:
+                got.append(other)
+            for host in {machine_addresses()!r}:
+                s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+                s.settimeout(2)
+                if s.connect_ex((host, 22)) in (0, 111):  # open, or refused by the machine itself
+                    got.append(host)
+            return got
+    ''')
+    answers = solution_answers(SLUG)
+    answers["task1-answer"] = escape + textwrap.dedent('''
+        def my_rank():
+            return dist.get_rank() if escape() else -1
+    ''') + "\nprint('kernel escapes:', escape())\n"
+    course = Course(tmp_path / "work")
+    release = course.release()
+    incoming = fresh_dir(tmp_path / "incoming")
+    for student in ("aa-honest", "zz-honest"):
+        course.submit(incoming, student, with_answers(release, solution_answers(SLUG)))
+    course.submit(incoming, "mm-escape", with_answers(release, answers))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    assert course.grade("autograde", SLUG).returncode == 0, course.log
+
+    scores = course.scores()
+    full = course.max_scores()
+    assert scores["aa-honest"] == full and scores["zz-honest"] == full, course.log
+    assert scores["mm-escape"] == {**full, "task1-tests": 0.0}, course.log
+    graded = (course.work / "autograded" / "mm-escape" / SLUG / f"{SLUG}.ipynb").read_text()
+    assert "kernel escapes: []" in graded  # the kernel got nowhere either
+    for path in ("/" + tag, "/tmp/" + tag, str(REPO / tag), os.path.join(os.path.expanduser("~"), tag),
+                 "/gradebook.db"):
+        assert not os.path.exists(path), f"{path} was written by a graded submission"
+    assert course.integrity() == "ok"
