@@ -255,3 +255,27 @@ def test_a_submission_escaping_through_ctypes_scores_zero_and_leaves_the_class_i
                  "/gradebook.db"):
         assert not os.path.exists(path), f"{path} was written by a graded submission"
     assert course.integrity() == "ok"
+
+
+def test_the_grader_leaves_no_zombie_of_a_killed_sandbox():
+    """bwrap forks the sandbox's init; killed with bwrap, it is re-parented to the grader (a
+    subreaper), which must collect it: unreaped, two per notebook piled up in a class run."""
+    program = textwrap.dedent('''
+        import subprocess, sys, time, psutil
+        from distlab.grade import bubblewrap, limits
+        from distlab.runtime import processes
+        processes.become_subreaper()
+        sandbox = subprocess.Popen(bubblewrap.command(["sleep", "600"], writable=[], cwd="/tmp"))
+        time.sleep(1.5)
+        sandbox.kill()  # as jupyter_client ends a kernel: bwrap alone; its init dies with it
+        sandbox.wait()
+        time.sleep(0.5)
+        killed = limits.kill_descendants()  # what the grader does after each notebook
+        zombies = [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE
+                   and c.pid != sandbox.pid]
+        print(killed, zombies)
+    ''')
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    killed, zombies = done.stdout.split(" ", 1)
+    assert int(killed) == 0, done.stdout + done.stderr  # nothing was left alive in the sandbox
+    assert zombies.strip() == "[]", done.stdout + done.stderr
