@@ -1,12 +1,22 @@
-"""How long autograding takes: one submission of each assignment, and a class of three.
+"""How long autograding takes: per assignment on one machine, and a class on the cluster.
 
-    python benchmarks/autograde.py            # or: make bench-autograde
+    python benchmarks/autograde.py                 # or: make bench-autograde
+    python benchmarks/autograde.py --cluster [--students N]
 
-For every assignment in solutions/, in a throw-away course (its own work folder, the real
-nbgrader config), this grades one correct submission alone, then a class of three (correct,
-blank, and correct again), through ``python -m distlab.grade`` as an instructor would, and
-prints the seconds, split into nbgrader's own start-up, the kernel run and the clean room.
-Target: at most 60 s per chapter notebook on 2 cores.
+Per assignment: for every assignment in solutions/, in a throw-away course (its own work
+folder, the real nbgrader config), this grades one correct submission alone, then a class of
+three (correct, blank, and correct again), through ``python -m distlab.grade`` as an instructor
+would, and prints the seconds, split into nbgrader's own start-up, the kernel run and the
+clean room. Target: at most 60 s per chapter notebook on 2 cores.
+
+``--cluster``: a class of N correct submissions of chapter 0, graded three ways into a
+PostgreSQL gradebook: serially on this machine, with ``--slurm`` on one node of the private
+cluster, and with ``--slurm`` on both nodes. The cluster runs with its cores split
+(``DISTLAB_CLUSTER_SPLIT_CORES=1``: each node has its own half of this machine's cores, one job
+at a time), so that two nodes have twice the machine of one, as on a real cluster. Prints
+students per minute for each and the two-node speed-up (target: at least 1.7x), and checks the
+guide's wall-time model ``T(N, K) = c + ceil(N / K) * t_job`` (one job per node at a time): ``c``
+and ``t_job`` come from the one-node run, the model predicts the two-node run.
 """
 
 from __future__ import annotations
@@ -24,8 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 60.0
 
 
-def grade(work: Path, *args: str) -> tuple[float, str]:
-    env = dict(os.environ, DISTLAB_GRADE_WORK=str(work))
+def grade(work: Path, *args: str, env: dict | None = None) -> tuple[float, str]:
+    env = dict(os.environ, DISTLAB_GRADE_WORK=str(work), **(env or {}))
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "distlab.grade", *args], cwd=REPO, env=env,
                           capture_output=True, text=True)
@@ -40,6 +50,68 @@ def clean_room_seconds(log: str) -> float:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cluster", action="store_true", help="a class on the private Slurm cluster")
+    parser.add_argument("--students", type=int, default=6, help="class size for --cluster (default 6)")
+    args = parser.parse_args()
+    if args.cluster:
+        return cluster_benchmark(args.students)
+    per_assignment()
+
+
+def cluster_benchmark(students: int) -> None:
+    import math
+    import statistics
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import postgres_server
+    import slurm_cluster
+
+    slug, target = "00-first-steps", 1.7
+    root = Path(tempfile.mkdtemp(prefix="distlab-bench-cluster-", dir="/tmp"))
+    split = dict(os.environ, **{slurm_cluster.SPLIT_CORES_VARIABLE: "1"})
+    try:
+        # the server runs as nobody: its folder must not be inside our private one
+        with postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="distlab-pg-", dir="/tmp"))) as pg, \
+                slurm_cluster.running_cluster(root / "c", env=split) as cluster:
+            os.environ["SLURM_CONF"] = cluster["slurm_conf"]
+            env = {"DISTLAB_GRADE_DB_URL": pg.url}
+            work = root / "work"
+            grade(work, "release", slug, env=env)
+            incoming = root / "incoming"
+            for i in range(students):
+                (incoming / f"s{i:02d}").mkdir(parents=True)
+                shutil.copy(REPO / "solutions" / slug / f"{slug}.ipynb", incoming / f"s{i:02d}" / f"{slug}.ipynb")
+            grade(work, "collect", slug, "--from", str(incoming), env=env)
+            print(f"{students} students, {slug}; machine: {len(os.sched_getaffinity(0))} cores; "
+                  f"each node: {len(slurm_cluster.node_cores(0))} core(s), one job at a time")
+            runs = {}
+            for label, args in (("serial, this machine (all cores)", ["autograde", slug]),
+                                ("--slurm, 1 node", ["autograde", slug, "--slurm", "--regrade", "--cpus",
+                                                     str(len(slurm_cluster.node_cores(0))), "--partition",
+                                                     slurm_cluster.NODES[0]]),
+                                ("--slurm, 2 nodes", ["autograde", slug, "--slurm", "--regrade", "--cpus",
+                                                      str(len(slurm_cluster.node_cores(0)))])):
+                seconds, log = grade(work, *args, env=env)
+                jobs = [float(s) for s in re.findall(r": [0-9.]+ / [0-9.]+ \(([0-9.]+) s on ", log)]
+                runs[label] = (seconds, jobs)
+                print(f"{label:<36} {seconds:7.1f} s  {60 * students / seconds:5.2f} students/min"
+                      + (f"  (job {statistics.median(jobs):.1f} s median)" if jobs else ""), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    (one, one_jobs), (two, _) = runs["--slurm, 1 node"], runs["--slurm, 2 nodes"]
+    speedup = one / two
+    print(f"two nodes / one node: {speedup:.2f}x ({'meets' if speedup >= target else 'BELOW'} the {target}x target)")
+    t_job = statistics.mean(one_jobs)
+    c = one - students * t_job
+    predicted = c + math.ceil(students / 2) * t_job
+    print(f"model T(N, K) = c + ceil(N/K) * t_job with c = {c:.1f} s, t_job = {t_job:.1f} s (1-node run): "
+          f"2 nodes predicted {predicted:.1f} s, measured {two:.1f} s ({100 * (two - predicted) / two:+.0f}%)")
+
+
+def per_assignment() -> None:
     slugs = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").exists())
     print(f"machine: {os.cpu_count()} cores; target {TARGET_S:.0f} s per notebook")
     print(f"{'assignment':<20} {'what':<28} {'total s':>8} {'per nb s':>9} {'clean room s':>13}")

@@ -75,6 +75,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SPLIT_CORES_VARIABLE = "DISTLAB_CLUSTER_SPLIT_CORES"
+"""Set to 1, each node gets its own half of this machine's cores, as real nodes have their own:
+it declares half the CPUs and memory, its slurmd (and so every job it starts) is pinned to its
+half, and a partition named after the node holds it alone. For benchmarks of 1 node vs 2
+(``benchmarks/autograde.py --cluster``); without it both nodes share all the cores."""
+
+
+def split_cores() -> bool:
+    return os.environ.get(SPLIT_CORES_VARIABLE, "") == "1"
+
+
+def node_cores(index: int) -> set[int]:
+    """The cores node ``index`` is pinned to when the cores are split."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // len(NODES))
+    return set(cores[index * half:(index + 1) * half]) or {cores[-1]}
+
+
+def _halved(hardware: str) -> str:
+    """``slurmd -C``'s line for a node with half of everything (one socket)."""
+    fields = dict(field.split("=", 1) for field in hardware.split())
+    cpus = max(1, int(fields["CPUs"]) // len(NODES))
+    threads = int(fields.get("ThreadsPerCore", 1))
+    fields.update(CPUs=str(cpus), Boards="1", SocketsPerBoard="1", CoresPerSocket=str(max(1, cpus // threads)),
+                  RealMemory=str(int(fields.get("RealMemory", 1024)) // len(NODES)))
+    return " ".join(f"{k}={v}" for k, v in fields.items())
+
+
 def node_hardware() -> str:
     """CPUs, sockets, cores, memory of this machine, as ``slurmd -C`` reports them."""
     try:
@@ -159,10 +187,14 @@ def write_config(root: Path) -> Path:
         "SlurmdTimeout=60",
         "MessageTimeout=10",
     ]
+    if split_cores():
+        hardware = _halved(hardware)
     for node in NODES:
         lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
                      f"Port={free_port()} {hardware} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
+    if split_cores():
+        lines += [f"PartitionName={node} Nodes={node} MaxTime=INFINITE State=UP" for node in NODES]
     conf = root / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")
     return conf
@@ -210,8 +242,9 @@ class Cluster:
         ensure_node_names_resolve()
         self._start_munge()
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
-        for node in NODES:
-            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+        for index, node in enumerate(NODES):
+            cores = node_cores(index) if split_cores() else None
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)], cores)
         self._wait_for_idle_nodes()
         return {"slurm_conf": str(self.conf), "nodes": NODES, "partition": PARTITION,
                 "pids": {name: p.pid for name, p in self.daemons.items()}}
@@ -231,11 +264,12 @@ class Cluster:
                                f"--seed-file={self.root}/munge/munged.seed"])
         self._wait_for(lambda: sock.exists(), 10, "munged did not create its socket")
 
-    def _spawn(self, name: str, cmd: list[str]) -> None:
+    def _spawn(self, name: str, cmd: list[str], cores: set[int] | None = None) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "wb")
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
         try:
             self.daemons[name] = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
-                                                  stdout=log, stderr=subprocess.STDOUT)
+                                                  stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
         except FileNotFoundError:
             raise ClusterError(f"{cmd[0]} is not installed: `apt-get install slurm-wlm munge` "
                                "(make test does it through scripts/install-system-deps.sh)") from None

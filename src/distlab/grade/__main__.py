@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from distlab.grade import config
+from distlab.grade import bubblewrap, cluster, config
 
 QUIET = ("Copying ", "  Copying to:", "Overwriting files", "Creating/updating student",
          "Removing existing", "Updating/creating", "Extracting from", "  Extracting to")
@@ -232,22 +232,6 @@ def database_answers(command: str) -> bool:
         engine.dispose()
 
 
-def sandbox_starts(command: str) -> bool:
-    """Can student code be graded inside the operating-system boundary here? One line if not."""
-    from distlab.grade import bubblewrap
-
-    if not bubblewrap.enabled():
-        say(f"{command}: grading WITHOUT the operating-system sandbox ({bubblewrap.SANDBOX_VARIABLE}=none): "
-            "student code can write wherever this account can")
-        return True
-    try:
-        bubblewrap.check()
-        return True
-    except bubblewrap.SandboxUnavailable as exc:
-        say(f"{command}: {exc}")
-        return False
-
-
 def autograde(slug: str, students: list[str]) -> int:
     start = time.monotonic()
     runs = for_each_student("autograde", slug, students)
@@ -306,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("slug")
         p.add_argument("--student", action="append", help="only this student (repeat for several)")
+    cluster.add_arguments(sub.choices["autograde"])
     p = sub.add_parser("export", help="export all grades as CSV")
     p.add_argument("--to")
     p = sub.add_parser("class", help="collect, autograde, feedback, export")
@@ -330,9 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         return set_due_date(args.slug, args.date)
     if args.command == "return":
         return return_feedback(args.slug)
+    if args.command == "autograde" and args.slurm and not cluster.gradebook_is_shared(args.slug, say):
+        return 2
     if args.command in ("autograde", "feedback", "class") and not released(args.slug, args.command):
         return 1
-    if args.command in ("autograde", "class") and not sandbox_starts(args.command):
+    if args.command == "autograde" and args.slurm:  # each job checks its own node's sandbox
+        return cluster.autograde_on_cluster(args.slug, args.student or [], cluster.options(args), EXTRA, say)
+    if args.command in ("autograde", "class") and not bubblewrap.starts_here(args.command, say):
         return 1
     if args.command == "autograde":
         return autograde(args.slug, args.student or [])

@@ -188,3 +188,17 @@ def check() -> None:
             f"bubblewrap cannot start a sandbox here ({why}); it needs user namespaces "
             "(sysctl kernel.unprivileged_userns_clone=1) unless the grader runs as root. "
             f"To grade without this boundary, only for trusted students, set {SANDBOX_VARIABLE}=none.")
+
+
+def starts_here(command: str, say) -> bool:
+    """Before grading: can student code be graded inside the boundary here? One line if not."""
+    if not enabled():
+        say(f"{command}: grading WITHOUT the operating-system sandbox ({SANDBOX_VARIABLE}=none): "
+            "student code can write wherever this account can")
+        return True
+    try:
+        check()
+        return True
+    except SandboxUnavailable as exc:
+        say(f"{command}: {exc}")
+        return False

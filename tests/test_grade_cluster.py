@@ -1,0 +1,203 @@
+"""Grading a class on the private two-node Slurm cluster (`autograde --slurm`, distlab.grade.cluster).
+
+Real components only: Debian's Slurm (scripts/slurm_cluster.py), Debian's PostgreSQL for the
+gradebook (scripts/postgres_server.py), submitit submitting the job array, and in every job
+the grader of one machine (kernel, clean room, sandbox).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from grading_support import REPO, SLUG, Course, fresh_dir, solution_answers, with_answers
+from test_grading import PARTIAL_ANSWERS, POINTS
+from test_slurm import _job_processes
+
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "grader" / "hostile"))
+import build as hostile  # noqa: E402
+import postgres_server  # noqa: E402
+import slurm_cluster  # noqa: E402
+
+SLURM = ("--slurm", "--cpus", "1", "--mem", "2048", "--time", "10")
+"""What each job asks for here: the private nodes have 2 cores each (the same 2 of this machine)."""
+HOSTILE = ("write_gradebook", "kill_parents", "patch_checks")
+"""Three hostile submissions that end quickly (those that hang are test_hostile's)."""
+
+
+def _squeue(*args: str) -> list[str]:
+    out = subprocess.run(["squeue", "--noheader", *args], capture_output=True, text=True, timeout=15)
+    return out.stdout.split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = Path(tempfile.mkdtemp(prefix="slurm-"))  # short: slurmstepd's socket paths must fit 107 bytes
+    try:
+        with slurm_cluster.running_cluster(root / "cluster") as info:
+            with pytest.MonkeyPatch.context() as mp:
+                for name in list(os.environ):
+                    if name.startswith(("SLURM_", "DISTLAB_SLURM_")):
+                        mp.delenv(name)
+                mp.setenv("SLURM_CONF", info["slurm_conf"])
+                yield info
+    except slurm_cluster.ClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    with postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="distlab-pg-", dir="/tmp"))) as server:
+        yield server
+
+
+def database(server, name: str) -> str:
+    """A fresh database on the server; its URL."""
+    with server.connect() as connection:
+        connection.execute(f"CREATE DATABASE {name}")
+    return server.url.rsplit("/", 1)[0] + "/" + name
+
+
+def submissions_per_student(server, url: str) -> dict:
+    with server.connect(database=url.rsplit("/", 1)[1]) as connection:
+        rows = connection.execute("SELECT student_id, count(*) FROM submitted_assignment GROUP BY student_id").fetchall()
+    return dict(rows)
+
+
+@pytest.fixture(scope="module")
+def class_of_twelve(cluster, postgres, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cluster-class")
+    url = database(postgres, "class12")
+    course = Course(root / "work", db_url=url)
+    release = course.release()
+    incoming = fresh_dir(root / "incoming")
+    correct = solution_answers(SLUG)
+    expected = {}
+    specs = hostile.specs()
+    for i in range(3):
+        course.submit(incoming, f"correct-{i}", with_answers(release, correct))
+        expected[f"correct-{i}"] = dict(POINTS)
+        course.submit(incoming, f"blank-{i}", release.read_bytes())
+        expected[f"blank-{i}"] = {cell: 0.0 for cell in POINTS}
+        course.submit(incoming, f"partial-{i}", with_answers(release, {**correct, **PARTIAL_ANSWERS}))
+        expected[f"partial-{i}"] = {**{cell: 0.0 for cell in POINTS}, "task1-tests": 1.0}
+        name = HOSTILE[i]
+        course.submit(incoming, f"hostile-{i}", hostile.build(specs[name], str(release)))
+        expected[f"hostile-{i}"] = hostile.expected_scores(specs[name])
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    run = course.grade("autograde", SLUG, *SLURM, timeout=1500)
+    return {"course": course, "run": run, "expected": expected, "url": url}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_class_graded_on_the_cluster_scores_cell_by_cell_as_on_one_machine(class_of_twelve, cluster, postgres):
+    """The expected scores are the ones serial grading gives these submissions (test_grading,
+    test_gradebook_server and test_hostile check those on one machine)."""
+    course, run = class_of_twelve["course"], class_of_twelve["run"]
+    assert run.returncode == 0, course.log[-8000:]
+    assert course.scores() == class_of_twelve["expected"], course.log[-8000:]
+    assert "12 graded, 0 not graded" in run.stdout
+    for student in class_of_twelve["expected"]:  # each score printed as it landed
+        assert f"  {student}: " in run.stdout
+    assert "done=12" in run.stdout  # the progress bar's last state
+    assert submissions_per_student(postgres, class_of_twelve["url"]) == {s: 1 for s in class_of_twelve["expected"]}
+    assert _job_processes(cluster["supervisor"]) == []
+    assert _squeue() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_running_it_again_grades_nobody_twice(class_of_twelve):
+    course = class_of_twelve["course"]
+    again = course.grade("autograde", SLUG, *SLURM)
+    assert again.returncode == 0, course.log[-3000:]
+    assert "all 12 students are graded" in again.stdout
+    assert _squeue() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_cancelled_task_is_graded_again_and_ctrl_c_cancels_the_whole_run(cluster, postgres, tmp_path):
+    url = database(postgres, "interrupted")
+    course = Course(tmp_path / "work", db_url=url)
+    release = course.release()
+    incoming = fresh_dir(tmp_path / "incoming")
+    students = ["ann", "ben", "cat", "dan"]
+    for student in students:
+        course.submit(incoming, student, with_answers(release, solution_answers(SLUG)))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+
+    # 1. One array task cancelled while it grades: submitted once more, and graded.
+    command = [sys.executable, "-m", "distlab.grade", "autograde", SLUG, *SLURM, "--student", "ann", "--student", "ben"]
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        first = subprocess.Popen(command, cwd=REPO, env=course.env(), stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        running = _wait_for_running(first, log)
+        time.sleep(3)  # mid-grade: its kernel or clean room is at work
+        subprocess.run(["scancel", running[0]], check=True, timeout=15)
+        assert first.wait(timeout=600) == 0, log.read_text()[-6000:]
+    finally:
+        _end(first)
+    text = log.read_text()
+    assert "CANCELLED" in text and "trying once more" in text, text[-4000:]
+    assert {s: course.scores()[s] for s in ("ann", "ben")} == {"ann": POINTS, "ben": POINTS}
+
+    # 2. Ctrl-C while the others grade: every job is cancelled, none is left running.
+    log = tmp_path / "second.log"
+    with open(log, "w") as out:
+        second = subprocess.Popen(command[:-4], cwd=REPO, env=course.env(), stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        _wait_for_running(second, log)
+        second.send_signal(signal.SIGINT)
+        assert second.wait(timeout=300) == 130, log.read_text()[-6000:]
+    finally:
+        _end(second)
+    text = log.read_text()
+    assert "2 of 4 students already graded; grading the other 2" in text, text[-4000:]
+    assert "cancelled" in text, text[-4000:]
+    assert _squeue() == []
+    assert _job_processes(cluster["supervisor"]) == []
+
+    # 3. The same command again finishes the class, with one submission per student.
+    third = course.grade("autograde", SLUG, *SLURM)
+    assert third.returncode == 0, course.log[-6000:]
+    assert course.scores() == {s: POINTS for s in students}
+    assert submissions_per_student(postgres, url) == {s: 1 for s in students}
+
+
+def _wait_for_running(proc: subprocess.Popen, log: Path, timeout: float = 300) -> list[str]:
+    """The ids of this run's array tasks once one of them runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-4000:]
+        running = [line.split()[0] for line in _squeue("--array", "--states=RUNNING", "--format=%i %j")
+                   if f"grade-{SLUG}" in line]
+        if running:
+            return running
+        time.sleep(0.5)
+    raise AssertionError("no grading job started:\n" + log.read_text()[-4000:])
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_an_sqlite_gradebook_is_refused_at_once_with_how_to_set_the_server(tmp_path):
+    course = Course(tmp_path / "work")
+    done = course.grade("autograde", SLUG, "--slurm")  # refused before anything else, release included
+    assert done.returncode == 2
+    assert "the gradebook is an sqlite file" in done.stdout and "DISTLAB_GRADE_DB_URL" in done.stdout
+    assert "Grading on the cluster" in done.stdout
