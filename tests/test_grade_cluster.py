@@ -8,6 +8,7 @@ the grader of one machine (kernel, clean room, sandbox).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,8 +29,10 @@ import slurm_cluster  # noqa: E402
 
 SLURM = ("--slurm", "--cpus", "1", "--mem", "2048", "--time", "10")
 """What each job asks for here: the private nodes have 2 cores each (the same 2 of this machine)."""
-HOSTILE = ("write_gradebook", "kill_parents", "patch_checks")
-"""Three hostile submissions that end quickly (those that hang are test_hostile's)."""
+HOSTILE = ("write_gradebook", "kill_parents", "malformed_notebook")
+"""Three hostile submissions that end quickly (those that hang are test_hostile's); the malformed
+one cannot be graded at all, on the cluster as on one machine: it fails twice and is named."""
+MALFORMED = "hostile-2"
 
 
 def _squeue(*args: str) -> list[str]:
@@ -102,24 +105,32 @@ def test_a_class_graded_on_the_cluster_scores_cell_by_cell_as_on_one_machine(cla
     """The expected scores are the ones serial grading gives these submissions (test_grading,
     test_gradebook_server and test_hostile check those on one machine)."""
     course, run = class_of_twelve["course"], class_of_twelve["run"]
-    assert run.returncode == 0, course.log[-8000:]
-    assert course.scores() == class_of_twelve["expected"], course.log[-8000:]
-    assert "12 graded, 0 not graded" in run.stdout
-    for student in class_of_twelve["expected"]:  # each score printed as it landed
-        assert f"  {student}: " in run.stdout
-    assert "done=12" in run.stdout  # the progress bar's last state
-    assert submissions_per_student(postgres, class_of_twelve["url"]) == {s: 1 for s in class_of_twelve["expected"]}
+    assert run.returncode == 1, course.log[-8000:]  # one student could not be graded
+    scores = {student: {cell: float(score or 0.0) for cell, score in cells.items()}  # not graded: 0
+              for student, cells in course.scores().items()}
+    expected = class_of_twelve["expected"]
+    assert {s: scores.get(s, dict.fromkeys(POINTS, 0.0)) for s in expected} == expected, course.log[-8000:]
+    assert "11 graded, 1 not graded" in run.stdout
+    assert re.search(rf"{MALFORMED} NOT GRADED \(scores 0 on the cells not graded\), twice: .*not appear to be JSON",
+                     run.stdout), run.stdout[-3000:]
+    assert f"{MALFORMED}: not graded (" in run.stdout and "trying once more" in run.stdout
+    for student in expected:  # each score printed as it landed
+        if student != MALFORMED:
+            assert re.search(rf"  {student}: [0-9.]+ / 6 \([0-9.]+ s on distlab-n[12]\)", run.stdout), student
+    assert "done=11, failed=1" in run.stdout  # the progress bar's last state
+    assert set(submissions_per_student(postgres, class_of_twelve["url"]).values()) <= {1}
     assert _job_processes(cluster["supervisor"]) == []
     assert _squeue() == []
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_running_it_again_grades_nobody_twice(class_of_twelve):
+def test_running_it_again_grades_only_who_is_missing(class_of_twelve, postgres):
     course = class_of_twelve["course"]
     again = course.grade("autograde", SLUG, *SLURM)
-    assert again.returncode == 0, course.log[-3000:]
-    assert "all 12 students are graded" in again.stdout
+    assert "11 of 12 students already graded; grading the other 1" in again.stdout, course.log[-3000:]
+    assert f"{MALFORMED} NOT GRADED" in again.stdout and "0 graded, 1 not graded" in again.stdout
+    assert set(submissions_per_student(postgres, class_of_twelve["url"]).values()) <= {1}
     assert _squeue() == []
 
 
