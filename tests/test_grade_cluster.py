@@ -95,8 +95,25 @@ def class_of_twelve(cluster, postgres, tmp_path_factory):
         course.submit(incoming, f"hostile-{i}", hostile.build(specs[name], str(release)))
         expected[f"hostile-{i}"] = hostile.expected_scores(specs[name])
     assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
-    run = course.grade("autograde", SLUG, *SLURM, timeout=1500)
-    return {"course": course, "run": run, "expected": expected, "url": url}
+    # Graded as an instructor would, except that one array task is cancelled while it grades.
+    log = root / "autograde.log"
+    run = start_grading(course, log)
+    try:
+        running = _wait_for_running(run, log)
+        time.sleep(3)  # mid-grade: its kernel or clean room is at work
+        subprocess.run(["scancel", running[0]], check=True, timeout=15)
+        run.wait(timeout=1500)
+    finally:
+        _end(run)
+    return {"course": course, "code": run.returncode, "output": log.read_text(), "expected": expected, "url": url,
+            "cancelled": running[0]}
+
+
+def start_grading(course: Course, log: Path, *args: str) -> subprocess.Popen:
+    """``autograde SLUG --slurm ARGS`` in a process group of its own, its output into ``log``."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "distlab.grade", "autograde", SLUG, *SLURM, *args], cwd=REPO,
+                                env=course.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.mark.slow
@@ -104,23 +121,49 @@ def class_of_twelve(cluster, postgres, tmp_path_factory):
 def test_a_class_graded_on_the_cluster_scores_cell_by_cell_as_on_one_machine(class_of_twelve, cluster, postgres):
     """The expected scores are the ones serial grading gives these submissions (test_grading,
     test_gradebook_server and test_hostile check those on one machine)."""
-    course, run = class_of_twelve["course"], class_of_twelve["run"]
-    assert run.returncode == 1, course.log[-8000:]  # one student could not be graded
+    course, output = class_of_twelve["course"], class_of_twelve["output"]
+    assert class_of_twelve["code"] == 1, output[-8000:]  # one student could not be graded
     scores = {student: {cell: float(score or 0.0) for cell, score in cells.items()}  # not graded: 0
               for student, cells in course.scores().items()}
     expected = class_of_twelve["expected"]
-    assert {s: scores.get(s, dict.fromkeys(POINTS, 0.0)) for s in expected} == expected, course.log[-8000:]
-    assert "11 graded, 1 not graded" in run.stdout
+    assert {s: scores.get(s, dict.fromkeys(POINTS, 0.0)) for s in expected} == expected, output[-8000:]
+    assert "11 graded, 1 not graded" in output
     assert re.search(rf"{MALFORMED} NOT GRADED \(scores 0 on the cells not graded\), twice: .*not appear to be JSON",
-                     run.stdout), run.stdout[-3000:]
-    assert f"{MALFORMED}: not graded (" in run.stdout and "trying once more" in run.stdout
+                     output), output[-3000:]
+    assert f"{MALFORMED}: not graded (" in output
+    # the cancelled task: its student was graded again, and counts like the others
+    assert re.search(rf"not graded \(its job {class_of_twelve['cancelled']} ended CANCELLED: the grader was killed by "
+                     r"SIGTERM on distlab-n[12]\); trying once more", output), output[-3000:]
     for student in expected:  # each score printed as it landed
         if student != MALFORMED:
-            assert re.search(rf"  {student}: [0-9.]+ / 6 \([0-9.]+ s on distlab-n[12]\)", run.stdout), student
-    assert "done=11, failed=1" in run.stdout  # the progress bar's last state
+            assert re.search(rf"  {student}: [0-9.]+ / 6 \([0-9.]+ s on distlab-n[12]\)", output), student
+    assert "done=11, failed=1" in output  # the progress bar's last state
     assert set(submissions_per_student(postgres, class_of_twelve["url"]).values()) <= {1}
     assert _job_processes(cluster["supervisor"]) == []
     assert _squeue() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ctrl_c_cancels_every_job_of_the_run_and_graded_students_keep_their_grades(class_of_twelve, cluster,
+                                                                                     postgres, tmp_path):
+    course = class_of_twelve["course"]
+    before = course.scores()
+    log = tmp_path / "interrupted.log"
+    students = ["correct-0", "correct-1", "blank-0", "partial-0"]
+    run = start_grading(course, log, "--regrade", *(f"--student={s}" for s in students))
+    try:
+        _wait_for_running(run, log)
+        run.send_signal(signal.SIGINT)  # what Ctrl-C in the instructor's terminal sends
+        assert run.wait(timeout=300) == 130, log.read_text()[-6000:]
+    finally:
+        _end(run)
+    text = log.read_text()
+    assert "interrupted: cancelling" in text and re.search(r"cancelled; the \d+ students graded so far", text), text[-4000:]
+    assert _squeue() == []
+    assert _job_processes(cluster["supervisor"]) == []
+    assert course.scores() == before  # a regrade cut short leaves the previous grades, whole
+    assert set(submissions_per_student(postgres, class_of_twelve["url"]).values()) <= {1}
 
 
 @pytest.mark.slow
@@ -132,59 +175,6 @@ def test_running_it_again_grades_only_who_is_missing(class_of_twelve, postgres):
     assert f"{MALFORMED} NOT GRADED" in again.stdout and "0 graded, 1 not graded" in again.stdout
     assert set(submissions_per_student(postgres, class_of_twelve["url"]).values()) <= {1}
     assert _squeue() == []
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_a_cancelled_task_is_graded_again_and_ctrl_c_cancels_the_whole_run(cluster, postgres, tmp_path):
-    url = database(postgres, "interrupted")
-    course = Course(tmp_path / "work", db_url=url)
-    release = course.release()
-    incoming = fresh_dir(tmp_path / "incoming")
-    students = ["ann", "ben", "cat", "dan"]
-    for student in students:
-        course.submit(incoming, student, with_answers(release, solution_answers(SLUG)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
-
-    # 1. One array task cancelled while it grades: submitted once more, and graded.
-    command = [sys.executable, "-m", "distlab.grade", "autograde", SLUG, *SLURM, "--student", "ann", "--student", "ben"]
-    log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        first = subprocess.Popen(command, cwd=REPO, env=course.env(), stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    try:
-        running = _wait_for_running(first, log)
-        time.sleep(3)  # mid-grade: its kernel or clean room is at work
-        subprocess.run(["scancel", running[0]], check=True, timeout=15)
-        assert first.wait(timeout=600) == 0, log.read_text()[-6000:]
-    finally:
-        _end(first)
-    text = log.read_text()
-    assert "CANCELLED" in text and "trying once more" in text, text[-4000:]
-    assert {s: course.scores()[s] for s in ("ann", "ben")} == {"ann": POINTS, "ben": POINTS}
-
-    # 2. Ctrl-C while the others grade: every job is cancelled, none is left running.
-    log = tmp_path / "second.log"
-    with open(log, "w") as out:
-        second = subprocess.Popen(command[:-4], cwd=REPO, env=course.env(), stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        _wait_for_running(second, log)
-        second.send_signal(signal.SIGINT)
-        assert second.wait(timeout=300) == 130, log.read_text()[-6000:]
-    finally:
-        _end(second)
-    text = log.read_text()
-    assert "2 of 4 students already graded; grading the other 2" in text, text[-4000:]
-    assert "cancelled" in text, text[-4000:]
-    assert _squeue() == []
-    assert _job_processes(cluster["supervisor"]) == []
-
-    # 3. The same command again finishes the class, with one submission per student.
-    third = course.grade("autograde", SLUG, *SLURM)
-    assert third.returncode == 0, course.log[-6000:]
-    assert course.scores() == {s: POINTS for s in students}
-    assert submissions_per_student(postgres, url) == {s: 1 for s in students}
 
 
 def _wait_for_running(proc: subprocess.Popen, log: Path, timeout: float = 300) -> list[str]:
