@@ -190,7 +190,15 @@ def running_postgres(root: Path, account: str = "nobody"):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _stop_on_signal(signum, frame):
+    raise KeyboardInterrupt  # the same tidy stop as Ctrl-C
+
+
 def main(root: Path) -> int:
+    # Also SIGTERM and SIGHUP (a `kill`, a closed terminal), and SIGINT even when started in the
+    # background by a script, where the shell leaves it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_on_signal)
     with running_postgres(root) as server:
         print(f"PostgreSQL is up: export DISTLAB_GRADE_DB_URL='{server.url}'", flush=True)
         print("Ctrl-C stops it and removes its folder.", flush=True)

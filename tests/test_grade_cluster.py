@@ -202,3 +202,16 @@ def test_an_sqlite_gradebook_is_refused_at_once_with_how_to_set_the_server(tmp_p
     assert done.returncode == 2
     assert "the gradebook is an sqlite file" in done.stdout and "DISTLAB_GRADE_DB_URL" in done.stdout
     assert "Grading on the cluster" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_jobs_slurm_cannot_run_are_one_line_saying_what_to_check(class_of_twelve):
+    """The nodes have 2 cores; the default --cpus 4 (one per rank) is more than any has."""
+    course = class_of_twelve["course"]
+    refused = course.grade("autograde", SLUG, "--slurm", "--regrade", "--student", "correct-0")
+    assert refused.returncode == 2, course.log[-3000:]
+    assert re.search(r"Slurm refused the jobs \(.*Requested node configuration is not available.*\); check --partition, "
+                     r"--cpus", refused.stdout), refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stdout + refused.stderr
+    assert _squeue() == []

@@ -213,24 +213,33 @@ class ClusterRun:
             time.sleep(POLL_S)
 
     def run(self) -> int:
+        from submitit.core.utils import FailedJobError
         from tqdm import tqdm
 
-        self.say(f"autograde {self.slug} --slurm: {len(self.students)} students, one job each, gradebook "
+        self.say(f"autograde {self.slug} --slurm: {len(self.students)} student{'s' * (len(self.students) != 1)}, "
+                 "one job each, gradebook "
                  f"{config.shown_url(self.db_url)}; job logs in {self.folder}")
         start = time.monotonic()
-        interrupted = False
+        interrupted, refused = False, None
         # In a terminal the bar redraws in place; in a log file it is a line every half minute.
         with tqdm(total=len(self.students), desc=f"grading {self.slug}", unit="student", file=sys.stdout,
                   dynamic_ncols=True, mininterval=1 if sys.stdout.isatty() else 30) as bar:
             try:
                 self._submit(self.students)
+                self._progress(bar)
                 while self.jobs:
-                    self._progress(bar)
                     time.sleep(POLL_S)
                     self._collect(bar)
-                self._progress(bar)
+                    self._progress(bar)
             except KeyboardInterrupt:
                 interrupted = True
+            except FailedJobError as exc:  # sbatch said no: asked for more than a node has, a wrong partition...
+                refused = (str(exc).strip().splitlines() or ["no reason given"])[-1]
+        if refused:
+            self.cancel()
+            self.say(f"autograde {self.slug} --slurm: Slurm refused the jobs ({refused}); check --partition, --cpus, "
+                     "--mem, --time and --gres against the cluster's nodes (sinfo --Node --long)")
+            return 2
         if interrupted:
             self.say(f"autograde {self.slug} --slurm: interrupted: cancelling {len(self.jobs)} jobs")
             self.cancel()
