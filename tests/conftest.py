@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -23,6 +24,13 @@ tempfile.tempdir = str(SESSION_TMP)
 REPO = Path(__file__).resolve().parent.parent
 # scripts/ holds what the tests share with `make hub`: the private Slurm cluster's supervisor.
 sys.path.insert(0, str(REPO / "scripts"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A session that passed removes its folder (one that failed keeps it, to be looked at):
+    runs on a shared machine otherwise pile up in /tmp."""
+    if not _WORKER and exitstatus == 0:
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 def our_rank_processes() -> list[psutil.Process]:
