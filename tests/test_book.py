@@ -708,10 +708,13 @@ def test_every_figure_has_alt_text_that_says_what_it_shows(built_book):
 def test_search_finds_a_collective_under_every_spelling_and_quotes_prose(built_book, site, browser):
     def search(query: str) -> list[tuple[str, str]]:
         assert not browser.open(site + "search.html?q=" + urllib.parse.quote(query)).errors
-        browser.page.wait_for_function("document.querySelector('#search-results h2')?.textContent"
-                                       ".includes('Search Results') || document.querySelectorAll("
-                                       "'#search-results li').length > 0", timeout=20000)
-        browser.page.wait_for_timeout(1500)     # the summaries are fetched page by page
+        # Sphinx lists the results one by one (a 5 ms timer each) and says so when it is done;
+        # the first results showing up is not the end (under load, lists were cut short).
+        browser.page.wait_for_function("/Search finished|did not match/.test(document.querySelector("
+                                       "'#search-results .search-summary')?.textContent || '')", timeout=60000)
+        # then each result's summary is fetched from its page
+        browser.page.wait_for_function("[...document.querySelectorAll('#search-results li')]"
+                                       ".every(li => li.querySelector('p.context'))", timeout=30000)
         return browser.evaluate("[...document.querySelectorAll('#search-results li')].map(li => "
                                 "[li.querySelector('a').textContent, li.querySelector('p.context')?.textContent || ''])")
 
