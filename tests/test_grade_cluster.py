@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from grading_support import REPO, SLUG, Course, fresh_dir, solution_answers, with_answers
 from test_grading import PARTIAL_ANSWERS, POINTS
-from test_slurm import _job_processes
+from test_slurm import _client, _job_processes
 
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
@@ -36,8 +36,7 @@ MALFORMED = "hostile-2"
 
 
 def _squeue(*args: str) -> list[str]:
-    out = subprocess.run(["squeue", "--noheader", *args], capture_output=True, text=True, timeout=15)
-    return out.stdout.split("\n")[:-1]
+    return _client(["squeue", "--noheader", *args]).split("\n")[:-1]
 
 
 @pytest.fixture(scope="module")

@@ -124,7 +124,7 @@ class ClusterRun:
         self.db_url = config.db_url()
         # The pickled calls hold the database URL: the folder is the instructor's alone.
         self.folder = Path(config.work_dir()) / "slurm" / slug
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.folder.mkdir(parents=True, exist_ok=True)
         os.chmod(self.folder, 0o700)
         self.executor = submitit.SlurmExecutor(folder=self.folder / "%j", max_num_timeout=0)
         params = {"job_name": f"grade-{slug}", "time": slurm["time"], "mem": f"{slurm['mem']}M",
