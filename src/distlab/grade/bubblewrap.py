@@ -75,9 +75,11 @@ def _readable_roots(repo: str) -> list[str]:
     for entry in sys.path:  # e.g. a user site-packages, or an editable install elsewhere
         real = os.path.realpath(entry) if os.path.isabs(entry) else ""
         inside_repo = real == repo or real.startswith(repo + os.sep)  # grader/ must stay hidden
-        if os.path.isdir(real) and not inside_repo and not real.startswith(("/usr/", "/etc/")):
+        if not inside_repo:
             roots.add(real)
-    roots = sorted(r for r in roots if os.path.isdir(r) and not r.startswith(("/usr/", "/etc/")) and r != "/usr")
+    shown_anyway = ("/usr", "/etc")  # bound whole, below
+    roots = sorted(r for r in roots if os.path.isdir(r) and not any(r == s or r.startswith(s + os.sep)
+                                                                     for s in shown_anyway))
     # A folder inside another one already shown needs no mount of its own.
     return [r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots)]
 
@@ -118,8 +120,9 @@ def command(argv: list[str], writable: list[str], cwd: str, repo: str | None = N
         repo = config.repo_root()
     repo = os.path.realpath(repo)
     as_root = os.geteuid() == 0
+    # hostname "localhost": it resolves (sandbox-hosts) to the private loopback, as torch's rendezvous needs
     cmd = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net",
-           "--unshare-uts", "--unshare-cgroup-try", "--hostname", "localhost"]  # resolves (/etc/hosts) to the private loopback
+           "--unshare-uts", "--unshare-cgroup-try", "--hostname", "localhost"]
     if as_root:  # mounts are made as root; the program itself runs as nobody (setpriv, below)
         cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:

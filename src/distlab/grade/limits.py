@@ -109,12 +109,7 @@ def kill_descendants() -> int:
         except psutil.Error:
             pass
     psutil.wait_procs(procs, timeout=2.0)
-    for proc in procs:  # orphans re-parented to us: collect their exit status (no zombies)
-        try:
-            os.waitpid(proc.pid, os.WNOHANG)
-        except (ChildProcessError, OSError):
-            pass
-    reap_dead_children()
+    reap_dead_children()  # orphans re-parented to us among them: no zombies left
     return len(procs)
 
 
