@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,14 +11,15 @@ from distlab import models
 
 
 @pytest.mark.parametrize("kind", ["gpt", "mlp"])
-def test_same_seed_same_weights_and_a_fast_step(kind):
+def test_same_seed_same_weights_and_a_small_model(kind):
     a, b = models.build(kind, seed=3), models.build(kind, seed=3)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     assert not torch.equal(next(a.parameters()), next(models.build(kind, seed=4).parameters()))
     batch = models.example_batch(kind)
-    started = time.perf_counter()
     grads = models.reference_gradients(a, batch)
-    assert time.perf_counter() - started < 1.0
+    # Small enough that a reference step costs milliseconds on a laptop core: the graders compute
+    # it for every test cell. (Its speed is measured by the benchmarks, not asserted here.)
+    assert sum(p.numel() for p in a.parameters()) < 2_000_000
     assert set(grads) == {name for name, _ in a.named_parameters()}
     assert all(torch.isfinite(g).all() for g in grads.values())
 
