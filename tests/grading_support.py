@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -108,7 +109,7 @@ def notebook_definitions(slug: str) -> dict:
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type != "code" or not meta.get("grade_id"):
             continue
-        source = cell.source.split("### BEGIN HIDDEN TESTS")[0]
+        source = visible_part(cell.source)
         source = "\n".join(line for line in source.splitlines() if "### " not in line)  # solution markers
         tree = ast.parse(source)
         if meta.get("grade") and not meta.get("solution"):  # a test cell: its definitions only
@@ -163,12 +164,26 @@ def with_answers(release_path, answers: dict) -> bytes:
     return nbformat.writes(nb).encode()
 
 
+HIDDEN_BLOCK = re.compile(r"### BEGIN HIDDEN TESTS\n?(.*?)(?:### END HIDDEN TESTS\n?|$)", re.S)
+
+
+def visible_part(source: str) -> str:
+    """A test cell as the student's notebook has it: every hidden block taken out."""
+    return HIDDEN_BLOCK.sub("", source)
+
+
+def hidden_part(source: str) -> str:
+    """What only the grader runs of a test cell: its hidden blocks (references first, where a
+    later task is graded with the reference of an earlier one; then the hidden checks)."""
+    return "\n".join(HIDDEN_BLOCK.findall(source))
+
+
 def assert_tasks_graded_on_2_and_4_ranks(slug: str, tasks=("task1-tests", "task2-tests", "task3-tests")) -> dict:
     """Each coding task's visible tests run on 2 ranks and its hidden tests on 4 (never 1 or 3),
     with the grading seed; return the grade cells, for a chapter's own further checks."""
     found = grade_cells(slug)
     for task in tasks:
-        visible, hidden = found[task].split("### BEGIN HIDDEN TESTS")
+        visible, hidden = visible_part(found[task]), hidden_part(found[task])
         assert "nprocs=2" in visible and "nprocs=4" in hidden, task
         assert "nprocs=1" not in found[task] and "nprocs=3" not in found[task], task
         assert "grading_seed()" in hidden, task

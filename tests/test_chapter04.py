@@ -12,6 +12,7 @@ from grading_support import (
     assert_tasks_graded_on_2_and_4_ranks,
     forbidden_list,
     grade_one_student,
+    hidden_part,
     notebook_definitions,
     solution_answers,
     try_each,
@@ -73,7 +74,7 @@ def test_forbidden_apis_raise_on_a_rank_and_training_still_works():
 
 def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
     found = assert_tasks_graded_on_2_and_4_ranks(SLUG)
-    assert '("gpt",' in found["task1-tests"].split("### BEGIN HIDDEN TESTS")[1], "task 1's GPT case is hidden"
+    assert '("gpt",' in hidden_part(found["task1-tests"]), "task 1's GPT case is hidden"
 
 
 FULL_OPTIMIZER_STATE = '''

@@ -122,7 +122,7 @@ def test_the_exercise_runs_on_2_and_4_ranks_with_hidden_tests():
         assert "### BEGIN HIDDEN TESTS" in found[test], test
     # numeric answers are computed with the book's calculator in the hidden tests, not written down
     for test in ("task3-tests", "choice-tests", "concept-b-tests", "concept-c-tests"):
-        assert "from distlab.parallel3d import planner" in found[test].split("### BEGIN HIDDEN TESTS")[1], test
+        assert "from distlab.parallel3d import planner" in gs.hidden_part(found[test]), test
 
 
 def test_the_choice_is_the_calculators_recommendation_for_the_books_70b_example():

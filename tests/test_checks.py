@@ -343,3 +343,39 @@ def test_hidden_failure_messages_and_redaction():
     assert "visible message" in repr(visible["outputs"])
     shown = redact("Traceback: reference = compute_secret(7)\n", ["    reference = compute_secret(7)"])
     assert "compute_secret" not in shown and "[hidden test code]" in shown
+
+
+STUDENT_CELLS = ['''
+def broadcast_parameters(model):
+    return "the student's broken task 1"
+''', '''
+class Later:
+    def run(self):
+        return broadcast_parameters(None)
+''']
+
+
+def test_a_later_task_is_checked_with_the_reference_of_the_earlier_one_and_nothing_leaks():
+    from distlab.grade.sandbox import StudentFunction
+
+    def reference(model):
+        return "reference"
+
+    # In the grader: a stand-in, defined in a namespace of its own.
+    stand_in = StudentFunction(STUDENT_CELLS, "Later")
+    with checks.using_references([stand_in], {"broadcast_parameters": reference}) as (later,):
+        assert later().run() == "reference"
+    assert stand_in.resolve()().run() == "the student's broken task 1", "the plain namespace was changed"
+    with checks.using_references([stand_in], None) as (later,):
+        assert later().run() == "the student's broken task 1"
+    # In a student's notebook: the class's module globals, patched for the call and restored.
+    namespace = {"__name__": "notebook"}
+    for cell in STUDENT_CELLS:
+        exec(cell, namespace)
+    own = namespace["Later"]
+    with checks.using_references([own], {"broadcast_parameters": reference}) as (later,):
+        assert later is own and later().run() == "reference"
+    assert own().run() == "the student's broken task 1"
+    with checks.using_references([own], {"not_defined_before": reference}):
+        assert namespace["not_defined_before"] is reference
+    assert "not_defined_before" not in namespace

@@ -40,6 +40,7 @@ Communication and memory are *counted*, not timed: the counts are exact (see
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from distlab.grade.forbid import ForbiddenError, forbid  # noqa: F401 - part of this module's API
@@ -116,6 +117,62 @@ def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout
     call = serialize.dumps_call(fn, tuple(args), dict(kwargs or {}))  # unpickled on the rank after forbid
     pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout)
     return RankRun(results=[p[0] for p in pairs], comm=[p[1] for p in pairs])
+
+
+# -- grading a task on its own -------------------------------------------------------------------
+
+@contextmanager
+def using_references(yours, references: dict | None):
+    """Your functions and classes, ready to call on this rank, with the names of earlier tasks
+    they use (``references``: name -> the instructor's version) looked up as the reference.
+
+    So a later task is graded on its own: an ``OverlappedDDP`` whose ``__init__`` calls Task 1's
+    ``broadcast_parameters`` is checked with a correct broadcast, and a bug in Task 1 costs
+    Task 1's points only. With no references, your own versions are used (a student's notebook
+    runs its visible tests with the student's own earlier tasks).
+
+    In the grader your code arrives as a :class:`~distlab.grade.sandbox.StudentFunction`, which
+    defines it in a namespace of its own with the references set over your names; an object
+    defined in your notebook has its module globals patched for the duration and restored.
+    """
+    references = dict(references or {})
+    resolved, patched = [], []
+    for obj in yours:
+        if type(obj).__name__ == "StudentFunction":
+            resolved.append(obj.resolve(references))
+            continue
+        resolved.append(obj)
+        namespace = _globals_of(obj)
+        if namespace is not None and references and all(namespace is not g for g, _ in patched):
+            patched.append((namespace, {name: namespace.get(name, _MISSING) for name in references}))
+    for namespace, _ in patched:
+        namespace.update(references)
+    try:
+        yield resolved
+    finally:
+        for namespace, before in patched:
+            for name, value in before.items():
+                if value is _MISSING:
+                    namespace.pop(name, None)
+                else:
+                    namespace[name] = value
+
+
+_MISSING = object()
+
+
+def _globals_of(obj) -> dict | None:
+    """The module globals a function, or a class's methods, look names up in."""
+    import inspect
+
+    if inspect.isfunction(obj):
+        return obj.__globals__
+    if inspect.isclass(obj):
+        for member in vars(obj).values():
+            function = getattr(member, "__func__", member)
+            if inspect.isfunction(function):
+                return function.__globals__
+    return None
 
 
 # -- values and gradients -------------------------------------------------------------------------

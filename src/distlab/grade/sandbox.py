@@ -54,9 +54,16 @@ def _on_alarm(signum, frame):
     raise CellTimeout(f"the cell ran longer than {CELL_TIME_LIMIT_S:g} s")
 
 
-def run_cells(cells: list[str]) -> tuple[dict, list[str]]:
-    """Run the cells in a fresh ``__main__``-like namespace; return it and the problems met."""
-    key = hashlib.sha256("\x00".join(cells).encode()).hexdigest()
+def run_cells(cells: list[str], given: dict | None = None) -> tuple[dict, list[str]]:
+    """Run the cells in a fresh ``__main__``-like namespace; return it and the problems met.
+
+    ``given`` names are set *after* the cells ran, over whatever the student defined under
+    those names: a later task's code then calls the instructor's version of an earlier task
+    (see :func:`distlab.grade.checks.using_references`). Such a namespace is kept apart from
+    the plain one.
+    """
+    given = dict(given or {})
+    key = hashlib.sha256("\x00".join(cells + sorted(given)).encode()).hexdigest()
     if key in _namespaces:
         return _namespaces[key]
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -76,6 +83,7 @@ def run_cells(cells: list[str]) -> tuple[dict, list[str]]:
                 problems.append(f"cell {index}: {line}")
     finally:
         signal.signal(signal.SIGALRM, previous)
+    namespace.update(given)
     _namespaces[key] = (namespace, problems)
     return namespace, problems
 
@@ -89,8 +97,9 @@ class StudentFunction:
     def __repr__(self) -> str:
         return f"<your function {self.name}>"
 
-    def resolve(self):
-        namespace, problems = run_cells(self.cells)
+    def resolve(self, given: dict | None = None):
+        """The student's object, defined on this rank; ``given`` replaces names it looks up."""
+        namespace, problems = run_cells(self.cells, given)
         fn = namespace.get(self.name)
         if fn is None:
             detail = f" (errors while running your cells: {'; '.join(problems)})" if problems else ""
