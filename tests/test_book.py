@@ -19,12 +19,14 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path, PurePosixPath
 
+import near_copy
 import pytest
 import yaml
 from process_support import run_in_own_group
@@ -442,6 +444,121 @@ def test_nothing_from_solutions_is_published(built_book):
         text = published_text(path)
         for block in blocks:
             assert block not in text, f"{relative} contains solution code: {block[:120]!r}"
+
+
+# The reference code that solves each graded task: the book may call it, never print it.
+GRADED_REFERENCES = {
+    "02-collectives": ["collectives.all_reduce:ring_reduce_scatter", "collectives.all_reduce:ring_all_gather",
+                       "collectives.all_reduce:ring_all_reduce"],
+    "03-ddp": ["data_parallel.naive:broadcast_parameters", "data_parallel.naive:naive_step",
+               "data_parallel.overlap:OverlappedDDP", "data_parallel.overlap:accumulation_step"],
+    "04-zero-fsdp": ["zero.optimizer:ShardedOptimizer", "zero.flat:WhenGradientsReady",
+                     "zero.flat:reduce_scatter_into", "zero.fully_shard:FullyShardedModel"],
+    "05-tensor-parallel": ["tensor_parallel.regions:copy_to_parallel_region",
+                           "tensor_parallel.regions:reduce_from_parallel_region",
+                           "tensor_parallel.layers:ColumnParallelLinear",
+                           "tensor_parallel.layers:RowParallelLinear",
+                           "tensor_parallel.model:ParallelMLP", "tensor_parallel.model:ParallelBlock",
+                           "tensor_parallel.layers:vocab_parallel_cross_entropy"],
+    "06-pipeline": ["pipeline_parallel.executor:Executor", "pipeline_parallel.schedules:gpipe",
+                    "pipeline_parallel.schedules:one_f_one_b", "pipeline_parallel.timeline:bubble_fraction"],
+    "07-3d-parallelism": ["parallel3d.mesh:ProcessGrid", "parallel3d.train:forward_backward",
+                          "parallel3d.train:average_gradients"],
+}
+
+
+@functools.lru_cache(maxsize=1)
+def rendered_listings(site: Path) -> dict[str, list[list[str]]]:
+    """Every code block of every book page (the student notebooks aside: their given code is
+    the task's frame), as normalised tokens."""
+    listings = {}
+    for name in html_pages(site):
+        if name.startswith("notebooks/"):
+            continue
+        blocks = [near_copy.normalised_tokens(b) for b in near_copy.code_blocks_of_html((site / name).read_text())]
+        listings[name] = [b for b in blocks if len(b) >= near_copy.MIN_RUN]
+    return listings
+
+
+def graded_solutions() -> list[tuple[str, str, list[str]]]:
+    """(chapter, grade id, normalised tokens of the solution) for every graded answer cell."""
+    found = []
+    for path in sorted(glob.glob(str(REPO / "solutions" / "*" / "*.ipynb"))):
+        for cell in json.loads(Path(path).read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "code" and "BEGIN SOLUTION" in source:
+                tokens = near_copy.normalised_tokens(source, near_copy.solution_lines(source))
+                found.append((Path(path).parent.name, cell["metadata"]["nbgrader"]["grade_id"], tokens))
+    return found
+
+
+def best_listing(tokens: list[str], listings: dict[str, list[list[str]]]) -> tuple[float, str]:
+    return max(((near_copy.copied_fraction(tokens, blocks), page) for page, blocks in listings.items()),
+               default=(0.0, ""))
+
+
+def test_the_near_copy_measure_sees_through_renaming_but_not_through_a_different_algorithm():
+    import inspect
+
+    from distlab.collectives import all_reduce
+
+    listing = near_copy.normalised_tokens(textwrap.dedent(inspect.getsource(all_reduce.ring_reduce_scatter)))
+    renamed = inspect.getsource(all_reduce.ring_reduce_scatter)
+    for old, new in (("chunks", "pieces"), ("on_step", "callback"), ("group", "grp"), ("    ", "  ")):
+        renamed = renamed.replace(old, new)
+    renamed = "# my own work\n" + renamed.replace('"""', '"""Written by me. ', 1)
+    assert near_copy.copied_fraction(near_copy.normalised_tokens(textwrap.dedent(renamed)), [listing]) > 0.9
+    other = near_copy.normalised_tokens(textwrap.dedent(inspect.getsource(all_reduce.tree_all_reduce)))
+    assert near_copy.copied_fraction(other, [listing]) < near_copy.NEAR_COPY
+    html_page = '<p>x</p><pre><span class="k">def</span> f(a):\n    <span>return</span> a &lt; 2</pre>'
+    assert near_copy.code_blocks_of_html(html_page) == ["def f(a):\n    return a < 2"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_no_graded_solution_is_a_near_copy_of_code_the_book_shows(built_book):
+    listings = rendered_listings(built_book)
+    assert sum(map(len, listings.values())) > 100, "found almost no code in the book: has the HTML changed?"
+    solutions = graded_solutions()
+    assert len(solutions) >= 20
+    copies = []
+    for chapter, grade_id, tokens in solutions:
+        # One-line answers (chapter 0's my_rank and global_mean) are shorter than a few idioms:
+        # any correct one looks like the book's all_reduce examples, and there is nothing to copy.
+        if len(tokens) < 4 * near_copy.MIN_RUN:
+            continue
+        share, page = best_listing(tokens, listings)
+        if share >= near_copy.NEAR_COPY:
+            copies.append(f"{chapter} {grade_id}: {share:.0%} of it is in a listing of {page}")
+    assert not copies, "graded solutions the book prints:\n" + "\n".join(copies)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT)
+def test_the_book_never_prints_the_reference_of_a_graded_task(built_book):
+    import importlib
+    import inspect
+
+    listings = rendered_listings(built_book)
+    printed = []
+    for chapter, references in GRADED_REFERENCES.items():
+        for reference in references:
+            module, name = reference.split(":")
+            target = getattr(importlib.import_module(f"distlab.{module}"), name)
+            # A class is checked whole and method by method: a page may print it in pieces.
+            parts = {reference: target}
+            if inspect.isclass(target):
+                parts |= {f"{reference}.{n}": f for n, f in vars(target).items() if inspect.isfunction(f)}
+            for label, part in parts.items():
+                tokens = near_copy.normalised_tokens(textwrap.dedent(inspect.getsource(part)))
+                if len(tokens) < 4 * near_copy.MIN_RUN:
+                    # A one-line wrapper (copy_to_parallel_region) or __repr__ shares its whole
+                    # shape with printed siblings (the sequence-parallel pair): not an answer alone.
+                    continue
+                share, page = best_listing(tokens, listings)
+                if share >= near_copy.NEAR_COPY:
+                    printed.append(f"{chapter}: {label} is {share:.0%} printed on {page}")
+    assert not printed, "\n".join(printed)
 
 
 @pytest.mark.slow
