@@ -181,9 +181,14 @@ def test_plausible_wrong_answers_score_zero_on_their_task(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_test_helpers_accept_the_reference_on_every_model_they_offer():
-    """Each task's check, run on the solution with both models of the notebook, passes."""
+    """Each task's check, run on the solution with both models of the notebook, passes (2 and 4 ranks)."""
     nb = notebook_definitions(SLUG)
     kinds = ("mlp", "gpt")
     nb["check_task1"]([(kind, 1e-2, nb["batches"](kind, 2, 8, seed=7)) for kind in kinds], nprocs=2)
     nb["check_task2"]([(kind, 1e-2, nb["batches"](kind, 2, 8, seed=8)) for kind in kinds], nprocs=2)
     nb["check_task3"]([(kind, nb["batches"](kind, 2, 8, seed=9)) for kind in kinds], nprocs=2)
+    # and on 4 ranks, where some of the MLP's layers hold fewer elements than there are ranks
+    with distlab.Pool(4):
+        nb["check_task2"]([("mlp", 1e-2, nb["batches"]("mlp", 2, 8, seed=24))], nprocs=4)
+        nb["check_task3"]([("mlp", nb["batches"]("mlp", 2, 8, seed=25))], nprocs=4)
+

@@ -29,6 +29,7 @@ student's Python code makes comes from a torch function or tensor method anyway.
 from __future__ import annotations
 
 import grading_support as gs
+import pytest
 
 import distlab
 
@@ -199,3 +200,15 @@ test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
      "task3-tests": "a cross-entropy that gathers the full logits"},
     reasons=("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
              "exactly one all_reduce forward per block", "as large as the full logits"))
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_test_helpers_accept_the_reference_on_the_shapes_they_offer():
+    """Each task's check, run on the solution with the edge shapes its helpers accept: a single
+    token (no leading dimensions), a leading dimension of 1, one block and three, a vocabulary
+    of one entry per rank, logits large enough to overflow without the maximum."""
+    nb = gs.notebook_definitions(SLUG)
+    with distlab.Pool(2):
+        nb["check_task1"]([(12, 16, (), 1), (2, 2, (1,), 2)], nprocs=2)
+        nb["check_task2"]([(8, 16, 1, (1,), 3), (8, 16, 3, (2, 2), 4)], nprocs=2)
+        nb["check_task3"]([((), 64, 3.0, 5), ((1,), 2, 3.0, 6), ((4,), 64, 200.0, 7)], nprocs=2)

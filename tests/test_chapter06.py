@@ -196,3 +196,19 @@ test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
      "task2-tests": "a 1F1B with one warm-up forward too many", "task3-tests": "a bubble from one rank's own spans"},
     reasons=("the loss the last stage (rank 1) returned (the mean over the whole batch) is off",
              "rank 0 held the activations of 3 micro-batches at once", "the step's idle fraction is off"))
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_test_helpers_accept_the_reference_on_every_micro_batch_count():
+    """Tasks 1 and 2's checks, run on the solution with one micro-batch (the naive pipeline), an
+    odd count and one sequence per micro-batch; Task 3's on a timeline with unequal stages and
+    one starting at 0."""
+    nb = gs.notebook_definitions(SLUG)
+    with distlab.Pool(2):
+        for m, batch_size in ((1, 1), (1, 4), (3, 6), (8, 8)):
+            nb["check_task1"]([(m, batch_size, 11)], nprocs=2)
+            nb["check_task2"]([(m, batch_size, 12)], nprocs=2)
+        uneven = nb["timeline"](nb["gpipe_order"](2, 3), [0.01, 0.03], [0.02, 0.05], start=1e5)
+        nb["check_task3"]([("GPipe, unequal stages", uneven, None),
+                           ("the naive pipeline from 0", nb["timeline"](nb["gpipe_order"](2, 1), start=0.0), 1 / 2)],
+                          nprocs=2)

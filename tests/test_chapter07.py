@@ -36,6 +36,9 @@ blank release 18-32 s and 29 s of CPU; the slow test below about 80 s.
 from __future__ import annotations
 
 import grading_support as gs
+import pytest
+
+import distlab
 
 SLUG = "07-3d-parallelism"
 
@@ -164,3 +167,14 @@ test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
      "task3-tests": "a memory formula without the micro-batches in flight"},
     reasons=("with tp the fastest-varying", "made all_reduce over a group of 4 ranks; average over the rank",
              "off by more than 0.1%"))
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_test_helpers_accept_the_reference_on_every_layout_they_offer():
+    """Task 2's check, run on the solution with the layouts the graded cases skip: pure data and
+    pure tensor parallelism on 4 ranks, one sequence per dp rank, and an uneven batch per rank."""
+    nb = gs.notebook_definitions(SLUG)
+    with distlab.Pool(2):
+        nb["check_task2"]([(1, 2, 2, 5), (2, 1, 2, 6), (2, 1, 6, 7)], nprocs=2)
+    with distlab.Pool(4):
+        nb["check_task2"]([(4, 1, 4, 8), (1, 4, 4, 9), (2, 2, 2, 10)], nprocs=4)
