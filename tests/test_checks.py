@@ -379,3 +379,40 @@ def test_a_later_task_is_checked_with_the_reference_of_the_earlier_one_and_nothi
     with checks.using_references([own], {"not_defined_before": reference}):
         assert namespace["not_defined_before"] is reference
     assert "not_defined_before" not in namespace
+
+
+def test_failures_lists_every_failing_check_and_lets_other_errors_through():
+    def failing(message):
+        raise checks.CheckFailed(message)
+
+    with pytest.raises(checks.CheckFailed) as caught:
+        with checks.Failures() as failures:
+            for case in range(3):
+                with failures.check():
+                    if case != 1:
+                        failing(f"case {case}: the values are off")
+                with failures.check():
+                    failing(f"case {case}: too many bytes")
+    assert str(caught.value).splitlines() == [
+        "5 checks failed:", "  1. case 0: the values are off", "  2. case 0: too many bytes",
+        "  3. case 1: too many bytes", "  4. case 2: the values are off", "  5. case 2: too many bytes"]
+    with pytest.raises(checks.CheckFailed, match=r"^only this$"):      # one failure reads as before
+        with checks.Failures() as failures:
+            with failures.check():
+                failing("only this")
+            with failures.check():
+                pass
+    with checks.Failures() as failures:                               # none: passes
+        with failures.check():
+            pass
+    with pytest.raises(ZeroDivisionError):                            # the student's crash stops the test
+        with checks.Failures() as failures:
+            with failures.check():
+                failing("first")
+            with failures.check():
+                raise ZeroDivisionError("the student's code crashed")
+    with pytest.raises(checks.CheckFailed, match=r"12 checks failed:(.|\n)*  8\. 7\n  \.\.\. and 4 more$"):
+        with checks.Failures() as failures:
+            for n in range(12):
+                with failures.check():
+                    failing(str(n))

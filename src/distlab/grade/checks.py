@@ -119,6 +119,57 @@ def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout
     return RankRun(results=[p[0] for p in pairs], comm=[p[1] for p in pairs])
 
 
+class Failures:
+    """Every failing check of one test, reported together.
+
+    A test that stops at its first failing check hides the others: the student fixes one
+    message, runs the test again, and only then meets the next. A test written as ::
+
+        with checks.Failures() as failures:
+            for case in cases:
+                with failures.check():
+                    ...the values are right...
+                with failures.check():
+                    ...the bytes sent are right...
+
+    goes on after a failing check and, at the end of the ``with`` block, raises one
+    :class:`CheckFailed` that lists them all (or passes). Only :class:`CheckFailed` is collected:
+    any other error (the student's code raised, a rank timed out) stops the test at once, as it
+    should, since what follows would only repeat it.
+    """
+
+    SHOWN = 8   # more than this many messages are counted, not listed: they repeat one mistake
+
+    def __init__(self):
+        self.messages: list[str] = []
+
+    @contextmanager
+    def check(self):
+        """One check: a failure is written down, and the test goes on after the block."""
+        try:
+            yield
+        except CheckFailed as failure:
+            self.messages.append(str(failure))
+
+    def report(self) -> None:
+        """Raise one CheckFailed naming every failing check, if any failed."""
+        if len(self.messages) == 1:
+            raise CheckFailed(self.messages[0])
+        if self.messages:
+            listed = [f"  {n}. {message}" for n, message in enumerate(self.messages[:self.SHOWN], start=1)]
+            if len(self.messages) > self.SHOWN:
+                listed.append(f"  ... and {len(self.messages) - self.SHOWN} more")
+            raise CheckFailed(f"{len(self.messages)} checks failed:\n" + "\n".join(listed))
+
+    def __enter__(self) -> Failures:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is None:
+            self.report()
+        return False
+
+
 # -- grading a task on its own -------------------------------------------------------------------
 
 @contextmanager
