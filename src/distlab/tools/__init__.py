@@ -5,5 +5,6 @@
 * :mod:`.trace`: per-rank timelines of compute and communication, drawn as a Gantt chart;
 * :mod:`.memory`: the bytes of parameters, gradients, optimizer state and activations a rank
   holds, and peaks;
+* :mod:`.monitor`: throughput, utilisation and MFU of a run, logged for TensorBoard;
 * :mod:`.groups`: a rank's place in a process group.
 """
