@@ -45,7 +45,7 @@ lint: $(STAMP)
 # Two workers, one test file each at a time (files share module-scoped fixtures: the built
 # book, the graded class, the Slurm cluster); tests/conftest.py starts the longest files first.
 test: $(STAMP) system-deps lint $(PROXY)
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --durations=30
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
 test-fast: $(STAMP)
