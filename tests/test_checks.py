@@ -416,3 +416,20 @@ def test_failures_lists_every_failing_check_and_lets_other_errors_through():
             for n in range(12):
                 with failures.check():
                     failing(str(n))
+
+
+def test_failures_of_several_check_functions_join_into_one_list():
+    def check_function(n):
+        with checks.Failures() as inner:
+            for case in range(n):
+                with inner.check():
+                    raise checks.CheckFailed(f"function of {n}, case {case}")
+
+    with pytest.raises(checks.CheckFailed) as caught:
+        with checks.Failures() as cell:
+            with cell.check():
+                check_function(2)
+            with cell.check():
+                check_function(1)
+    assert str(caught.value).splitlines() == ["3 checks failed:", "  1. function of 2, case 0",
+                                              "  2. function of 2, case 1", "  3. function of 1, case 0"]

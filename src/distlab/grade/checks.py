@@ -133,7 +133,8 @@ class Failures:
                     ...the bytes sent are right...
 
     goes on after a failing check and, at the end of the ``with`` block, raises one
-    :class:`CheckFailed` that lists them all (or passes). Only :class:`CheckFailed` is collected:
+    :class:`CheckFailed` that lists them all (or passes). A test cell that calls several such
+    functions wraps each call in a check of its own ``Failures``: the lists are joined. Only :class:`CheckFailed` is collected:
     any other error (the student's code raised, a rank timed out) stops the test at once, as it
     should, since what follows would only repeat it.
     """
@@ -148,18 +149,22 @@ class Failures:
         """One check: a failure is written down, and the test goes on after the block."""
         try:
             yield
-        except CheckFailed as failure:
-            self.messages.append(str(failure))
+        except CheckFailed as failure:   # a nested Failures' list joins this one, unnumbered twice
+            self.messages.extend(getattr(failure, "failures", None) or [str(failure)])
 
     def report(self) -> None:
         """Raise one CheckFailed naming every failing check, if any failed."""
+        if not self.messages:
+            return
         if len(self.messages) == 1:
-            raise CheckFailed(self.messages[0])
-        if self.messages:
+            failure = CheckFailed(self.messages[0])
+        else:
             listed = [f"  {n}. {message}" for n, message in enumerate(self.messages[:self.SHOWN], start=1)]
             if len(self.messages) > self.SHOWN:
                 listed.append(f"  ... and {len(self.messages) - self.SHOWN} more")
-            raise CheckFailed(f"{len(self.messages)} checks failed:\n" + "\n".join(listed))
+            failure = CheckFailed(f"{len(self.messages)} checks failed:\n" + "\n".join(listed))
+        failure.failures = list(self.messages)
+        raise failure
 
     def __enter__(self) -> Failures:
         return self
