@@ -110,9 +110,15 @@ def class_of_twelve(cluster, postgres, tmp_path_factory):
 
 def start_grading(course: Course, log: Path, *args: str) -> subprocess.Popen:
     """``autograde SLUG --slurm ARGS`` in a process group of its own, its output into ``log``."""
+    def as_in_a_terminal():
+        # A command started from a terminal gets Ctrl-C; one started in the background of a
+        # script (this test run, launched with `&`) inherits SIGINT ignored: undo that.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "distlab.grade", "autograde", SLUG, *SLURM, *args], cwd=REPO,
-                                env=course.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=course.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=as_in_a_terminal)
 
 
 @pytest.mark.slow

@@ -40,10 +40,11 @@ Communication and memory are *counted*, not timed: the counts are exact (see
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from distlab.grade.failures import CheckFailed, Failures  # noqa: F401 - part of this module's API
 from distlab.grade.forbid import ForbiddenError, forbid  # noqa: F401 - part of this module's API
+from distlab.grade.references import using_references  # noqa: F401 - part of this module's API
 from distlab.tools.comm_bytes import all_reduce_bytes  # noqa: F401 - part of this module's API
 
 VALUE_RTOL = 1e-6
@@ -55,10 +56,6 @@ _GRADING_SEED = 20240601
 """The seed hidden tests draw their inputs from. The grader sets a fresh one for every
 submission, outside the student's reach, so values read from a test file on disk are of no
 use; in a student's notebook it stays fixed, so runs are reproducible."""
-
-
-class CheckFailed(AssertionError):
-    """A check failed; the message is safe to show to the student."""
 
 
 def grading_seed() -> int:
@@ -117,118 +114,6 @@ def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout
     call = serialize.dumps_call(fn, tuple(args), dict(kwargs or {}))  # unpickled on the rank after forbid
     pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout)
     return RankRun(results=[p[0] for p in pairs], comm=[p[1] for p in pairs])
-
-
-class Failures:
-    """Every failing check of one test, reported together.
-
-    A test that stops at its first failing check hides the others: the student fixes one
-    message, runs the test again, and only then meets the next. A test written as ::
-
-        with checks.Failures() as failures:
-            for case in cases:
-                with failures.check():
-                    ...the values are right...
-                with failures.check():
-                    ...the bytes sent are right...
-
-    goes on after a failing check and, at the end of the ``with`` block, raises one
-    :class:`CheckFailed` that lists them all (or passes). A test cell that calls several such
-    functions wraps each call in a check of its own ``Failures``: the lists are joined. Only :class:`CheckFailed` is collected:
-    any other error (the student's code raised, a rank timed out) stops the test at once, as it
-    should, since what follows would only repeat it.
-    """
-
-    SHOWN = 8   # more than this many messages are counted, not listed: they repeat one mistake
-
-    def __init__(self):
-        self.messages: list[str] = []
-
-    @contextmanager
-    def check(self):
-        """One check: a failure is written down, and the test goes on after the block."""
-        try:
-            yield
-        except CheckFailed as failure:   # a nested Failures' list joins this one, unnumbered twice
-            self.messages.extend(getattr(failure, "failures", None) or [str(failure)])
-
-    def report(self) -> None:
-        """Raise one CheckFailed naming every failing check, if any failed."""
-        if not self.messages:
-            return
-        if len(self.messages) == 1:
-            failure = CheckFailed(self.messages[0])
-        else:
-            listed = [f"  {n}. {message}" for n, message in enumerate(self.messages[:self.SHOWN], start=1)]
-            if len(self.messages) > self.SHOWN:
-                listed.append(f"  ... and {len(self.messages) - self.SHOWN} more")
-            failure = CheckFailed(f"{len(self.messages)} checks failed:\n" + "\n".join(listed))
-        failure.failures = list(self.messages)
-        raise failure
-
-    def __enter__(self) -> Failures:
-        return self
-
-    def __exit__(self, kind, value, traceback) -> bool:
-        if kind is None:
-            self.report()
-        return False
-
-
-# -- grading a task on its own -------------------------------------------------------------------
-
-@contextmanager
-def using_references(yours, references: dict | None):
-    """Your functions and classes, ready to call on this rank, with the names of earlier tasks
-    they use (``references``: name -> the instructor's version) looked up as the reference.
-
-    So a later task is graded on its own: an ``OverlappedDDP`` whose ``__init__`` calls Task 1's
-    ``broadcast_parameters`` is checked with a correct broadcast, and a bug in Task 1 costs
-    Task 1's points only. With no references, your own versions are used (a student's notebook
-    runs its visible tests with the student's own earlier tasks).
-
-    In the grader your code arrives as a :class:`~distlab.grade.sandbox.StudentFunction`, which
-    defines it in a namespace of its own with the references set over your names; an object
-    defined in your notebook has its module globals patched for the duration and restored.
-    """
-    references = dict(references or {})
-    resolved, patched = [], []
-    for obj in yours:
-        if type(obj).__name__ == "StudentFunction":
-            resolved.append(obj.resolve(references))
-            continue
-        resolved.append(obj)
-        namespace = _globals_of(obj)
-        if namespace is not None and references and all(namespace is not g for g, _ in patched):
-            patched.append((namespace, {name: namespace.get(name, _MISSING) for name in references}))
-    for namespace, _ in patched:
-        namespace.update(references)
-    try:
-        yield resolved
-    finally:
-        for namespace, before in patched:
-            for name, value in before.items():
-                if value is _MISSING:
-                    namespace.pop(name, None)
-                else:
-                    namespace[name] = value
-
-
-_MISSING = object()
-
-
-def _globals_of(obj) -> dict | None:
-    """The module globals a function, or a class's methods, look names up in."""
-    import inspect
-
-    if inspect.isfunction(obj):
-        return obj.__globals__
-    if inspect.isclass(obj):
-        for member in vars(obj).values():
-            function = getattr(member, "__func__", member)
-            if inspect.isfunction(function):
-                return function.__globals__
-    return None
 
 
 # -- values and gradients -------------------------------------------------------------------------
