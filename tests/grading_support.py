@@ -111,12 +111,18 @@ def notebook_definitions(slug: str) -> dict:
             continue
         source = visible_part(cell.source)
         source = "\n".join(line for line in source.splitlines() if "### " not in line)  # solution markers
-        tree = ast.parse(source)
-        if meta.get("grade") and not meta.get("solution"):  # a test cell: its definitions only
-            tree.body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom,
-                                                                          ast.FunctionDef, ast.ClassDef))]
+        test_cell = meta.get("grade") and not meta.get("solution")
+        tree = definitions_only(source) if test_cell else ast.parse(source)   # a test cell's checks not called
         exec(compile(tree, f"<{meta['grade_id']}>", "exec"), namespace)
     return namespace
+
+
+def definitions_only(source: str) -> ast.Module:
+    """A test cell's imports, functions and classes, without the calls that run its checks."""
+    tree = ast.parse(source)
+    tree.body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                                                  ast.ClassDef))]
+    return tree
 
 
 def solution_path(slug: str) -> Path:

@@ -12,8 +12,6 @@ chapter 3's wrong-answers test, whose wrong Task 2 calls the broken Task 1.
 
 from __future__ import annotations
 
-import ast
-
 import grading_support as gs
 import pytest
 
@@ -41,13 +39,6 @@ BROKEN_EARLIER_TASK = {
 }
 
 
-def definitions_only(source: str) -> ast.Module:
-    tree = ast.parse(source)
-    tree.body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                                                  ast.ClassDef))]
-    return tree
-
-
 def later_check(slug: str, with_references: bool):
     """Run the later task's visible check with the earlier answer broken; return what it raised."""
     test_id, earlier_id, (old, new) = BROKEN_EARLIER_TASK[slug]
@@ -61,7 +52,7 @@ def later_check(slug: str, with_references: bool):
             exec(compile(source, f"<{grade_id}>", "exec"), namespace)  # noqa: S102
     for grade_id, source in found.items():   # earlier test cells' helpers (chapter 6's one_step)
         if grade_id.endswith("-tests") and grade_id < test_id:
-            exec(compile(definitions_only(gs.visible_part(source)), f"<{grade_id}>", "exec"), namespace)  # noqa: S102
+            exec(compile(gs.definitions_only(gs.visible_part(source)), f"<{grade_id}>", "exec"), namespace)  # noqa: S102
     cell = found[test_id]
     assert cell.startswith(HIDDEN_BEGIN), f"{slug} {test_id}: the references should open the cell"
     references, rest = cell.split(HIDDEN_END, 1)
