@@ -210,6 +210,19 @@ def in_plain_sight(line: str, slug: str) -> bool:
     return json.dumps(line)[1:-1] in release_text(slug)
 
 
+def solution_lines(source: str) -> set[int]:
+    """The 1-based line numbers between nbgrader's BEGIN/END SOLUTION markers."""
+    inside, lines = False, set()
+    for number, line in enumerate(source.split("\n"), start=1):
+        if "BEGIN SOLUTION" in line:
+            inside = True
+        elif "END SOLUTION" in line:
+            inside = False
+        elif inside:
+            lines.add(number)
+    return lines
+
+
 def hidden_test_lines(slug: str = SLUG) -> list[str]:
     """Every non-trivial line of hidden-test code in the solution notebook."""
     from distlab.grade.cleanroom import _hidden_lines

@@ -76,19 +76,6 @@ def copied_fraction(tokens: list[str], listings: list[list[str]]) -> float:
     return sum(copied) / len(tokens)
 
 
-def solution_lines(source: str) -> set[int]:
-    """The 1-based line numbers between nbgrader's BEGIN/END SOLUTION markers."""
-    inside, lines = False, set()
-    for number, line in enumerate(source.split("\n"), start=1):
-        if "BEGIN SOLUTION" in line:
-            inside = True
-        elif "END SOLUTION" in line:
-            inside = False
-        elif inside:
-            lines.add(number)
-    return lines
-
-
 class _PreBlocks(HTMLParser):
     """The text of every ``<pre>`` element of an HTML page (code cells, listings, outputs)."""
 

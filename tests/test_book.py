@@ -26,6 +26,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path, PurePosixPath
 
+import grading_support as gs
 import near_copy
 import pytest
 import yaml
@@ -484,11 +485,10 @@ def graded_solutions() -> list[tuple[str, str, list[str]]]:
     """(chapter, grade id, normalised tokens of the solution) for every graded answer cell."""
     found = []
     for path in sorted(glob.glob(str(REPO / "solutions" / "*" / "*.ipynb"))):
-        for cell in json.loads(Path(path).read_text())["cells"]:
-            source = "".join(cell["source"])
-            if cell["cell_type"] == "code" and "BEGIN SOLUTION" in source:
-                tokens = near_copy.normalised_tokens(source, near_copy.solution_lines(source))
-                found.append((Path(path).parent.name, cell["metadata"]["nbgrader"]["grade_id"], tokens))
+        slug = Path(path).parent.name
+        for grade_id, source in gs.solution_answers(slug).items():
+            if "BEGIN SOLUTION" in source:
+                found.append((slug, grade_id, near_copy.normalised_tokens(source, gs.solution_lines(source))))
     return found
 
 

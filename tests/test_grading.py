@@ -24,6 +24,7 @@ from grading_support import (
     notebook_cells,
     release_text,
     solution_answers,
+    solution_lines,
     solution_path,
     with_answers,
 )
@@ -65,14 +66,11 @@ def test_release_contains_no_solution_code_and_no_hidden_tests(slug):
     for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
         assert marker not in release
     for source in solution_answers(slug).values():
-        inside = False
-        for line in source.splitlines():
-            if "BEGIN SOLUTION" in line:
-                inside = True
-            elif "END SOLUTION" in line:
-                inside = False
-            elif inside and len(line.strip()) >= 6:
-                assert line.strip() not in release, f"solution line leaked into the release: {line.strip()!r}"
+        lines = source.split("\n")
+        for number in sorted(solution_lines(source)):
+            line = lines[number - 1].strip()
+            if len(line) >= 6:
+                assert line not in release, f"solution line leaked into the release: {line!r}"
     for line in hidden_test_lines(slug):
         assert line not in release, f"hidden test line leaked into the release: {line!r}"
     stubs = sum("raise NotImplementedError()" in c.source for c in notebook_cells(REPO / "notebooks" / slug / f"{slug}.ipynb"))
