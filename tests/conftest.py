@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from distlab.runtime.launchers.shared import SHARED_POOLS
 
 # Every run directory (and so every torchrun/worker command line) of this test session lives
 # under one private folder, so leftovers can be found without touching anyone else's processes.
@@ -69,6 +72,9 @@ def _outside_live_pools(procs) -> list[int]:
     import distlab
 
     live = [str(pool.run_dir) for pool in distlab.active_pools().values() if pool.running]
+    shared_folder = os.environ.get(SHARED_POOLS)       # warm ranks this process lends (test_shared_pools)
+    if shared_folder:
+        live += [json.loads(info.read_text())["run_dir"] for info in Path(shared_folder).glob("pool-*.json")]
     return [p.pid for p in procs if not any(d in " ".join(p.cmdline()) for d in live)]
 
 

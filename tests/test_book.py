@@ -328,6 +328,9 @@ def built_book() -> Path:
     result, seconds = make_book()
     assert result.returncode == 0, f"make book failed:\n{result.stdout[-6000:]}"
     assert "book built in" in result.stdout
+    if "Executing notebook" in result.stdout:   # the pages borrowed the build's warm ranks
+        calls = re.search(r"\[distlab\] the pages ran (\d+) calls on the shared warm ranks", result.stdout)
+        assert calls and int(calls.group(1)) > 0, result.stdout[-3000:]
     print(f"make book: {seconds:.0f} s")
     return SITE
 

@@ -25,11 +25,20 @@
 6. **Search results quote prose.** Sphinx quotes the page's whole main block, so results
    showed the page's table of contents and its code; on the search page we quote the
    article's text without them.
+
+7. **Warm ranks for every page.** A page that starts ``distlab.Pool(nprocs=4)`` in its own
+   kernel would pay a cold start (torchrun, four ranks importing torch: about 5 s on 2 cores)
+   for ranks the page before it had just thrown away. The build keeps warm pools of 2 and 4
+   ranks from the first page it reads to its end, and the kernels borrow them
+   (:mod:`distlab.runtime.shared_pools`); before each page, ranks a page left unfit (a failed
+   or hung call) are replaced. ``DISTLAB_BOOK_SHARED_POOLS=""`` turns this off (for comparing
+   build times); ``"2,4"`` is the default.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
@@ -169,6 +178,35 @@ def _quote_prose_in_search_results(app, pagename, templatename, context, doctree
         app.add_js_file(None, body=SEARCH_SNIPPETS_FROM_PROSE, priority=900)
 
 
+SHARED_POOL_SIZES = "DISTLAB_BOOK_SHARED_POOLS"
+"""Environment variable: the pool sizes the build shares between its pages ("" for none)."""
+
+
+def _share_warm_ranks(app: Sphinx, docname: str, source: list) -> None:
+    """Before each page is read (and executed): start the shared pools once, then keep them fit."""
+    from distlab.runtime.shared_pools import SharedPools
+
+    pools = getattr(app, "distlab_shared_pools", None)
+    if pools is None:
+        sizes = [int(n) for n in os.environ.get(SHARED_POOL_SIZES, "2,4").split(",") if n.strip()]
+        pools = app.distlab_shared_pools = SharedPools(sizes)
+        if sizes:
+            pools.start()
+            LOGGER.info(f"[distlab] warm pools of {', '.join(map(str, sizes))} ranks shared by the pages")
+    elif pools.sizes:
+        pools.refresh()
+
+
+def _stop_warm_ranks(app: Sphinx, exception) -> None:
+    pools = getattr(app, "distlab_shared_pools", None)
+    if pools is not None and pools.sizes:
+        calls = pools.calls()
+        pools.stop()
+        LOGGER.info(f"[distlab] the pages ran {calls} calls on the shared warm ranks")
+        if pools.restarts:
+            LOGGER.info(f"[distlab] the shared ranks were replaced {pools.restarts} times (failed or hung calls)")
+
+
 def setup(app: Sphinx) -> dict:
     search_languages["en"] = CollectiveSearchEnglish
     app.add_config_value("distlab_source_dir", "src/distlab", "env")
@@ -179,4 +217,9 @@ def setup(app: Sphinx) -> dict:
     app.connect("html-page-context", _remove_launch_buttons_from_text_pages, priority=600)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
     app.connect("html-page-context", _quote_prose_in_search_results)
-    return {"parallel_read_safe": True, "parallel_write_safe": True}
+    app.connect("source-read", _share_warm_ranks)
+    app.connect("build-finished", _stop_warm_ranks)
+    # Pages are read one after the other: a parallel read would run two pages on the shared
+    # ranks at once (a borrower that finds them taken starts its own; that works, but the
+    # pages that measure would measure each other).
+    return {"parallel_read_safe": False, "parallel_write_safe": True}

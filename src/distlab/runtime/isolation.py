@@ -6,7 +6,8 @@ changes in a module stays changed. Between calls each rank therefore
 * puts back every attribute of the modules and classes below that the call replaced
   (``dist.all_reduce = my_fake``, ``torch.allclose = lambda *a: True``), removes attributes
   a call added to those classes (``torch.Tensor.sum = ...`` shadows the inherited method), and
-* restores torch's global settings: number of threads, default dtype, grad mode;
+* restores torch's global settings: number of threads, default dtype, grad mode, and the
+  warning filters (a call's ``warnings.filterwarnings("ignore")`` would silence every later one);
 
 and before each call it re-seeds ``random``, ``torch`` and ``numpy`` (see the worker).
 
@@ -25,6 +26,7 @@ that student's own code, on ranks the grader never trusts for a verdict.
 from __future__ import annotations
 
 import sys
+import warnings
 
 WATCHED_MODULES = (
     "builtins", "torch", "torch.distributed", "torch.distributed.distributed_c10d", "torch.nn",
@@ -81,6 +83,8 @@ def snapshot() -> dict:
 
     saved = {name: dict(vars(target)) for name, target in _targets()}
     saved["settings"] = (torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled())
+    saved["warnings"] = warnings.catch_warnings()   # remembers the filters as it enters,
+    saved["warnings"].__enter__()                   # puts them back as it exits
     return saved
 
 
@@ -108,6 +112,7 @@ def restore(saved: dict) -> None:
     torch.set_num_threads(threads)
     torch.set_default_dtype(dtype)
     torch.set_grad_enabled(grad)
+    saved["warnings"].__exit__(None, None, None)
 
 
 _MISSING = object()

@@ -54,6 +54,14 @@ class _Stream:
             self.file.close()
             self.file = None
 
+    def skip_existing(self) -> None:
+        """Start echoing at the end of what the file holds now."""
+        try:
+            self.file = open(self.path, "rb")
+        except FileNotFoundError:
+            return
+        self.file.seek(0, os.SEEK_END)
+
     def _print(self, lines) -> None:
         if not lines:
             return
@@ -75,3 +83,12 @@ class OutputEcho:
     def pump(self, final: bool = False) -> None:
         for stream in self.streams:
             stream.pump(final)
+
+    def skip_existing(self) -> None:
+        """Echo only what the ranks print from now on (ranks borrowed from a shared pool)."""
+        for stream in self.streams:
+            stream.skip_existing()
+
+    def mute(self) -> None:
+        """Echo nothing (the owner of shared ranks: what they print is shown by the borrowers)."""
+        self.streams = []

@@ -17,6 +17,9 @@ halfway cannot be trusted. The next call starts fresh ranks by itself and says s
 Between calls, each rank puts back what :mod:`distlab.runtime.isolation` lists (patched torch
 functions, torch settings) and re-seeds its random generators; modules stay imported and
 the process group stays up. The grader keeps one pool per notebook it grades.
+
+While the book builds, a pool with default settings borrows warm ranks that the build
+shares between its pages instead of starting its own (:mod:`distlab.runtime.launchers.shared`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 from distlab.runtime import launchers, options, serialize
 from distlab.runtime import rundir as files
 from distlab.runtime.errors import DistTimeout, RankError
+from distlab.runtime.launchers import shared
 
 START_TIMEOUT = 180.0
 """Seconds the ranks of a pool may take to start (4 ranks importing torch on 2 busy cores)."""
@@ -58,6 +62,7 @@ class Pool:
         self.job = None
         self.run_dir: Path | None = None
         self.calls = 0
+        self.borrowed = False   # ranks of the book build's shared pool: never ours to end
         self.restart_reason: str | None = None
         atexit.register(self.stop)  # the kernel shuts down: stop the ranks (a killed kernel: see processes.py)
 
@@ -67,6 +72,12 @@ class Pool:
         """Start the ranks (if not running) and wait until they are ready for calls."""
         if self.job is not None:
             return self
+        self.job = shared.borrow(self.nprocs, self.backend, self.threads, self.launcher, self.start_setup)
+        if self.job is not None:
+            self.borrowed, self.run_dir, self.calls = True, self.job.run_dir, self.job.next_call
+            self.started_at = time.monotonic()
+            return self
+        self.borrowed = False
         self.run_dir = Path(tempfile.mkdtemp(prefix="distlab-pool-"))
         options.write_options(self.run_dir, seed=0, setup=self.start_setup)
         self.calls = 0
@@ -97,7 +108,7 @@ class Pool:
             if job is not None:
                 job.stop(gracefully=gracefully)
         finally:
-            if self.run_dir is not None:
+            if self.run_dir is not None and not self.borrowed:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def activate(self) -> "Pool":

@@ -112,6 +112,14 @@ def _read_options(folder: Path) -> dict:
     return options
 
 
+def _enter_callers_folder(cwd: str | None) -> None:
+    """Run the call where the caller is (ranks borrowed from a shared pool started elsewhere).
+
+    A folder this node does not have (a Slurm node without the caller's file system) is skipped."""
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
+
+
 def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
     """Run the call whose files are in ``call_dir``; write its result or error. True if it returned."""
     from distlab.runtime import isolation, processes, serialize
@@ -120,9 +128,11 @@ def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
     state.now({"phase": "user", "since": time.time()})
     saved = isolation.snapshot()
     children_before = processes.children()
+    cwd_before = os.getcwd()
     undo = []
     try:
         options = _read_options(call_dir)
+        _enter_callers_folder(options.get("cwd"))
         # The guard goes in before the call is unpickled: unpickling looks up every class and
         # function the call refers to, and one looked up before ``guard.forbid`` would be the
         # real one (``from torch.nn.parallel import DistributedDataParallel`` in a notebook).
@@ -139,6 +149,7 @@ def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
             step()
         isolation.restore(saved)
         comm.forget_pending()
+        os.chdir(cwd_before)
     processes.end_children_started_since(children_before)   # the call ends with what it started
     files.write_atomically(files.result_file(call_dir, rank), data)
     state.now({"phase": "returned", "since": time.time()})
