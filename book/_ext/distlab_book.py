@@ -183,11 +183,16 @@ SHARED_POOL_SIZES = "DISTLAB_BOOK_SHARED_POOLS"
 
 
 def _share_warm_ranks(app: Sphinx, docname: str, source: list) -> None:
-    """Before each page is read (and executed): start the shared pools once, then keep them fit."""
+    """Before each page is read (and executed): start the shared pools once, then keep them fit.
+
+    They start with the first page that has code to run: a build that re-reads only pages of
+    prose starts no rank."""
     from distlab.runtime.shared_pools import SharedPools
 
     pools = getattr(app, "distlab_shared_pools", None)
     if pools is None:
+        if "{code-cell}" not in source[0]:
+            return
         sizes = [int(n) for n in os.environ.get(SHARED_POOL_SIZES, "2,4").split(",") if n.strip()]
         pools = app.distlab_shared_pools = SharedPools(sizes)
         if sizes:
