@@ -9,7 +9,8 @@ same three steps here before any launcher is involved:
    (resource caps) or just before the call (the grader's guard). They travel as names and
    JSON arguments, so the rank imports and runs them itself.
 3. :func:`write_options` writes ``options.json`` into the run (or call) folder: the caller's
-   import path and working directory, the seed and the setup steps. The rank reads it before it unpickles the
+   import path, the seed and the setup steps (and, for ranks borrowed from the book build's
+   shared pool, the caller's working directory). The rank reads it before it unpickles the
    function, because unpickling needs the import path and the guard must be in first.
 """
 
@@ -80,12 +81,16 @@ def current_rank_setup(when: str | None = None) -> list[dict]:
     return [step for step in _rank_setup.get() if when is None or step["when"] == when]
 
 
-def write_options(folder: Path, seed: int, setup: list[dict]) -> None:
-    """Write ``options.json`` (import path, working directory, seed, setup steps) into a run or call folder.
+def write_options(folder: Path, seed: int, setup: list[dict], cwd: str | None = None) -> None:
+    """Write ``options.json`` (import path, seed, setup steps) into a run or call folder.
+
+    ``cwd``: the folder the call must run in, for ranks that started elsewhere (borrowed from
+    a shared pool); other ranks run where their launcher started them, the caller's folder.
 
     Written in one piece (:func:`~distlab.runtime.rundir.write_atomically`): in a pool's call
     folder this file is the "go" signal the waiting ranks look for, so it comes last.
     """
-    options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "cwd": os.getcwd(), "seed": seed,
-               "setup": setup}
+    options = {"sys_path": [os.path.abspath(p) for p in sys.path if p], "seed": seed, "setup": setup}
+    if cwd is not None:
+        options["cwd"] = cwd
     rundir.write_atomically(Path(folder) / rundir.OPTIONS, json.dumps(options).encode())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import os
 import shutil
 import sys
 import tempfile
@@ -146,7 +147,8 @@ class Pool:
         call_dir.mkdir()
         self.calls += 1
         (call_dir / files.PAYLOAD).write_bytes(blob)
-        options.write_options(call_dir, seed, options.current_rank_setup("call"))  # last: "go"
+        options.write_options(call_dir, seed, options.current_rank_setup("call"),  # last: "go"
+                              cwd=os.getcwd() if self.borrowed else None)   # borrowed ranks started elsewhere
         try:
             results = self.job.wait(call_dir, timeout)
         except (RankError, DistTimeout) as exc:

@@ -113,10 +113,9 @@ def _read_options(folder: Path) -> dict:
 
 
 def _enter_callers_folder(cwd: str | None) -> None:
-    """Run the call where the caller is (ranks borrowed from a shared pool started elsewhere).
-
-    A folder this node does not have (a Slurm node without the caller's file system) is skipped."""
-    if cwd and os.path.isdir(cwd):
+    """Run the call where its caller is, when the caller says where (ranks borrowed from the
+    book build's shared pool, which started in another folder; see :mod:`.launchers.shared`)."""
+    if cwd:
         os.chdir(cwd)
 
 
@@ -128,7 +127,6 @@ def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
     state.now({"phase": "user", "since": time.time()})
     saved = isolation.snapshot()
     children_before = processes.children()
-    cwd_before = os.getcwd()
     undo = []
     try:
         options = _read_options(call_dir)
@@ -149,7 +147,6 @@ def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
             step()
         isolation.restore(saved)
         comm.forget_pending()
-        os.chdir(cwd_before)
     processes.end_children_started_since(children_before)   # the call ends with what it started
     files.write_atomically(files.result_file(call_dir, rank), data)
     state.now({"phase": "returned", "since": time.time()})
