@@ -35,6 +35,7 @@ from pathlib import Path
 
 import psutil
 
+from distlab.runtime import processes
 from distlab.runtime import rundir as files
 from distlab.runtime.errors import RankError
 from distlab.runtime.watcher import Watcher
@@ -85,8 +86,8 @@ def healthy(run_dir: Path, nprocs: int, agent_pid: int) -> bool:
 
 def _alive(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        return bool(processes.alive([psutil.Process(pid)]))
+    except psutil.Error:   # no such process
         return False
 
 
