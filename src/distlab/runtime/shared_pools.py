@@ -65,7 +65,6 @@ class SharedPools:
         if fd is None:
             return
         try:
-            shared.info_file(self.folder, nprocs).unlink(missing_ok=True)
             pool = Pool(nprocs)
             try:
                 pool.start()
