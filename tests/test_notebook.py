@@ -97,6 +97,22 @@ def cell_output(kc, msg_id: str) -> list[str]:
             seen.append(content.get("text") or content.get("evalue") or content.get("execution_state") or "")
 
 
+def wait_until_the_kernel_accepts_cells(kc, tries: int = 50) -> None:
+    """After a cell's error, ipykernel aborts the execute requests that reach it before it has
+    finished "aborting the queue": a request sent right after the error reply can come back
+    "aborted" without running (on a loaded machine the kernel is slow to clear that state; CI
+    saw the next cell end at once, with no output). Send an empty cell until one really runs."""
+    for _ in range(tries):
+        msg_id = kc.execute("pass")
+        reply = kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=30)
+        if reply["content"]["status"] == "ok":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the kernel still aborted cells after {tries} tries")
+
+
 @contextlib.contextmanager
 def kernel():
     """A running IPython kernel and a client talking to it; shut down at the end if it still lives."""
@@ -128,6 +144,7 @@ def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
             reply = kc.get_shell_msg(timeout=30)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         assert not wait_until_gone(pids, 5.0), "ranks survived an interrupt"
+        wait_until_the_kernel_accepts_cells(kc)
         # 2. The kernel is SIGKILLed mid-run: torchrun and the workers die with it.
         msg_id = kc.execute(f"distlab.run(sleeper, {str(tmp_path)!r}, nprocs=2, timeout=200)")
         try:
