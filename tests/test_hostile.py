@@ -20,7 +20,7 @@ import build as hostile  # noqa: E402
 SPECS = hostile.specs()
 CONTROLS = ("aa-control", "zz-control")  # graded first and last (nbgrader goes in name order)
 SECONDS_PER_SUBMISSION = 150
-"""Bound per hostile submission: three test cells, each with runs bounded by 40 s timeouts,
+"""Bound per hostile submission: three test cells, each with runs bounded by 20 s timeouts,
 plus the kernel run (per-cell timeout 20 s here); the ones that do not hang take ~30 s."""
 
 
