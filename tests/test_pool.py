@@ -104,6 +104,43 @@ def test_a_failed_call_restarts_the_pool_on_the_next_call(capsys):
         assert "starting fresh ranks for this pool (the previous call failed" in capsys.readouterr().err
 
 
+def raise_everywhere():
+    raise NotImplementedError("a blank answer")
+
+
+def raise_on_rank_0_after_the_all_reduce():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        raise ValueError("checked the sum and disliked it")
+    return t.item()
+
+
+def raise_inside_a_collective():
+    dist.broadcast(torch.ones(1), src=5)     # no rank 5: torch raises inside the call, on every rank
+
+
+def test_a_call_that_failed_outside_every_collective_keeps_its_ranks(capsys):
+    """Each rank returned or raised between collectives: the process group is as after a success.
+    A rank that raised inside a distributed call makes the next call start fresh ranks."""
+    with distlab.Pool(nprocs=2) as pool:
+        before = {p for p, _ in pool.run(pid_and_sum, 0)}
+        for fn, rank, kind in ((raise_everywhere, None, "NotImplementedError"),    # either rank may be first
+                               (raise_on_rank_0_after_the_all_reduce, 0, "ValueError")):
+            with pytest.raises(RankError) as info:
+                pool.run(fn)
+            assert info.value.exc_type == kind and rank in (None, info.value.rank)
+            results = pool.run(pid_and_sum, 0)
+            assert {p for p, _ in results} == before and [s for _, s in results] == [1.0, 1.0]
+        assert "starting fresh ranks" not in capsys.readouterr().err
+        with pytest.raises(RankError):
+            pool.run(raise_inside_a_collective)
+        assert not wait_until_gone(before, 5.0), "ranks that failed inside a collective are still alive"
+        results = pool.run(pid_and_sum, 0)
+        assert before.isdisjoint(p for p, _ in results) and [s for _, s in results] == [1.0, 1.0]
+        assert "starting fresh ranks for this pool (the previous call failed" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_deadlocked_call_times_out_and_the_next_call_works():
     with distlab.Pool(nprocs=2) as pool:

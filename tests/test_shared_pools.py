@@ -36,12 +36,18 @@ report = {"borrowed": pool.borrowed}
 report["first"] = distlab.run(where, nprocs=2)
 report["second"] = distlab.run(where, nprocs=2)
 distlab.run(lambda: print("printed by", os.getppid() and dist.get_rank()), nprocs=2)
+def divide_while_the_peer_waits():
+    if dist.get_rank() == 1:
+        dist.barrier()                         # rank 0 never joins: rank 1 stays in the call
+    return 1 / dist.get_rank()
+
 mode = sys.argv[2]
-if mode == "fail":
+if mode in ("fail", "fail-cleanly"):
     try:
-        distlab.run(lambda: 1 / dist.get_rank(), nprocs=2)
+        distlab.run(divide_while_the_peer_waits if mode == "fail" else lambda: 1 / dist.get_rank(), nprocs=2)
     except distlab.RankError as exc:
         report["failed"] = exc.exc_type
+    report["after"] = distlab.run(where, nprocs=2)
 elif mode == "hang":
     print(json.dumps(report), flush=True)
     distlab.run(time.sleep, 600, nprocs=2, timeout=900)
@@ -111,16 +117,27 @@ def test_kernels_borrow_the_same_warm_ranks_and_run_in_their_own_folder(fit, tmp
 
 
 def test_a_failed_call_leaves_the_ranks_to_the_owner_who_replaces_them(fit, tmp_path):
-    before = rank_pids(fit)
-    report, _ = finish(kernel(tmp_path, "fail"))
+    before, restarts = rank_pids(fit), fit.restarts
+    report, _ = finish(kernel(tmp_path, "fail"))   # rank 0 raises while rank 1 waits in a barrier
     assert report["failed"] == "ZeroDivisionError"
+    assert set(p for p, _, _ in report["after"]).isdisjoint(before)    # the kernel's next call: fresh ranks
     assert (fit.pools[2].run_dir / shared.BROKEN).exists()
     own, _ = finish(kernel(tmp_path))          # broken ranks are not lent: the kernel starts its own
     assert own["borrowed"] is False and set(p for p, _, _ in own["first"]).isdisjoint(before)
     fit.refresh()
-    assert fit.restarts == 1 and wait_until_gone(before, 10) == []
+    assert fit.restarts == restarts + 1 and wait_until_gone(before, 10) == []
     after, _ = finish(kernel(tmp_path))
     assert after["borrowed"] is True and sorted(p for p, _, _ in after["first"]) == sorted(rank_pids(fit))
+
+
+def test_a_call_that_failed_with_every_rank_out_of_the_call_keeps_the_shared_ranks(fit, tmp_path):
+    before, restarts = rank_pids(fit), fit.restarts
+    report, _ = finish(kernel(tmp_path, "fail-cleanly"))   # rank 0 divides by zero, rank 1 returns
+    assert report["failed"] == "ZeroDivisionError"
+    assert sorted(p for p, _, _ in report["after"]) == sorted(before)   # the same ranks took the next call
+    assert not (fit.pools[2].run_dir / shared.BROKEN).exists()
+    fit.refresh()
+    assert fit.restarts == restarts and rank_pids(fit) == before
 
 
 def test_one_borrower_at_a_time_and_only_the_owners_children_with_default_settings(fit, tmp_path):

@@ -13,7 +13,7 @@ gradebook, the instructor's locked cells and test cells. For every test cell, in
 3. Every ``distlab.run`` goes through :func:`distlab.grade.sandbox.encoded_call` under the
    instructor's resource caps and the guard, and its results are read back with the
    data-only loader (:mod:`distlab.grade.safeload`). The ranks stay warm between the runs of
-   one notebook (:class:`WarmRanks`); a failed run gets new ones.
+   one notebook (:class:`WarmRanks`); a run that hung or broke a collective gets new ones.
 4. The verdict (passed or not) and the cell's output, made safe to show, are recorded.
 
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
@@ -200,9 +200,11 @@ class WarmRanks:
 
     A cold run pays ~5 s of starting ranks; a notebook's tests make a dozen runs. The pools
     start with the instructor's caps (``start_steps``) and each call still runs under the
-    guard. Between calls the ranks put back what :mod:`distlab.runtime.isolation` watches; a call
-    that fails or times out ends its pool, and the next call gets new ranks. A pool older
-    than half the ranks' wall-clock cap is replaced before it could run into that cap.
+    guard. Between calls the ranks put back what :mod:`distlab.runtime.isolation` watches. A
+    call that times out, or fails with a rank inside a collective, ends its pool (see
+    :class:`distlab.Pool`) and the next call gets new ranks; a blank answer that raises
+    ``NotImplementedError`` on every rank keeps them. A pool older than half the ranks'
+    wall-clock cap is replaced before it could run into that cap.
     """
 
     def __init__(self, start_steps: list[dict], max_age_s: float):

@@ -10,9 +10,12 @@ ranks, ~7 s for 4 on 2 cores). A pool pays that once::
 or, in a notebook, ``%distributed start -n 4`` at the top and ``%distributed stop`` at the end.
 
 Each call behaves like :func:`distlab.run`: live ``[rank k]`` output, :class:`RankError`,
-:class:`DistTimeout` (its clock starts at the call, since the ranks are already up). After a
-call that failed or timed out, the ranks are stopped: a process group that lost a collective
-halfway cannot be trusted. The next call starts fresh ranks by itself and says so.
+:class:`DistTimeout` (its clock starts at the call, since the ranks are already up). A call
+that raised on some ranks and returned on the others, every rank outside any distributed
+call, leaves the ranks as fit as a success does, and they stay (a typo costs no restart).
+After any other failure (a rank blocked in a collective, one that died, a timeout) the ranks
+are stopped: a process group that lost a collective halfway cannot be trusted. The next call
+then starts fresh ranks by itself and says so.
 
 Between calls, each rank puts back what :mod:`distlab.runtime.isolation` lists (patched torch
 functions, torch settings) and re-seeds its random generators; modules stay imported and
@@ -151,9 +154,15 @@ class Pool:
                               cwd=os.getcwd() if self.borrowed else None)   # borrowed ranks started elsewhere
         try:
             results = self.job.wait(call_dir, timeout)
-        except (RankError, DistTimeout) as exc:
-            kind = "timed out" if isinstance(exc, DistTimeout) else "failed"
-            self.restart_reason = f"the previous call {kind}, and a process group that lost a collective cannot be trusted"
+        except RankError:
+            if self.job.watcher.ranks_can_go_on():   # every rank finished the call: keep them
+                shutil.rmtree(call_dir, ignore_errors=True)
+                raise
+            self.restart_reason = "the previous call failed, and a process group that lost a collective cannot be trusted"
+            self._discard()
+            raise
+        except DistTimeout:
+            self.restart_reason = "the previous call timed out, and a process group that lost a collective cannot be trusted"
             self._discard()
             raise
         except BaseException:  # KeyboardInterrupt, or anything unexpected: the ranks are mid-call

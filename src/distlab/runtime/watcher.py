@@ -171,6 +171,26 @@ class Watcher:
                 reports[rank] = serialize.loads(path.read_bytes())
         return reports
 
+    def ranks_can_go_on(self, grace: float = 1.0) -> bool:
+        """After a :class:`RankError` in a pool: did every rank finish the call, by returning or
+        by failing cleanly (its report says it serves on, see ``worker._failed_cleanly``)?
+
+        Then the ranks are as fit for the next call as after a success. A rank still in the
+        call (perhaps blocked in a collective its failed peer never joined), dead, or failed
+        inside a distributed call makes the answer no. Ranks that are still finishing get
+        ``grace`` seconds (on a busy machine the last of four ranks raises a little later).
+        """
+        deadline = time.monotonic() + grace
+        while True:
+            reports = self.reports()
+            if any(not report.get("serving_on") for report in reports.values()) or self.dead_without_report():
+                return False
+            if all(r in reports or files.result_file(self.call_dir, r).exists() for r in range(self.nprocs)):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+
     def missing(self) -> list[int]:
         """Ranks that have not delivered a result for the current call."""
         return [r for r in range(self.nprocs) if not files.result_file(self.call_dir, r).exists()]
@@ -204,6 +224,8 @@ class Watcher:
                 text = f"blocked in {state['call']} for {since:.1f} s"
             elif phase == "returned":
                 text = "returned (waiting for the other ranks)"
+            elif phase == "raised":
+                text = "raised an exception (reported; waiting for the next call)"
             else:
                 text = "in user code, not in a distributed call"
                 if state.get("last"):

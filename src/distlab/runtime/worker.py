@@ -68,7 +68,7 @@ def _watch_calls(state: RankState) -> None:
     comm.set_observer(observe)
 
 
-def _report_exception(run_dir: Path, rank: int, exc: BaseException) -> None:
+def _report_exception(run_dir: Path, rank: int, exc: BaseException, serving_on: bool = False) -> None:
     import traceback
 
     from distlab.runtime import serialize
@@ -84,7 +84,7 @@ def _report_exception(run_dir: Path, rank: int, exc: BaseException) -> None:
     if isinstance(exc, SystemExit):
         message = f"the function called sys.exit({exc.code!r}) on this rank"
     report = {"rank": rank, "type": type(exc).__name__, "message": message,
-              "traceback": text, "time": time.time(), "exception": exc_bytes}
+              "traceback": text, "time": time.time(), "exception": exc_bytes, "serving_on": serving_on}
     files.write_atomically(files.error_file(run_dir, rank), serialize.dumps_result(report))
 
 
@@ -119,8 +119,24 @@ def _enter_callers_folder(cwd: str | None) -> None:
         os.chdir(cwd)
 
 
-def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
-    """Run the call whose files are in ``call_dir``; write its result or error. True if it returned."""
+def _failed_cleanly(exc: BaseException) -> bool:
+    """Did the call fail in the user's own code, with no distributed call cut short?
+
+    An exception raised between collectives (``NotImplementedError``, a wrong shape caught
+    before the all-reduce, an assert) leaves the process group as a successful call leaves
+    it, so a pool's rank can take the next call. One raised *inside* a collective, or with an
+    async op still in flight, may have left half a message on a connection: that rank stays
+    put until it is stopped, and its pool starts fresh ranks.
+    """
+    from distlab.tools import comm
+
+    return isinstance(exc, Exception) and not comm.calls_that_raised() and not comm.pending_async()
+
+
+def _run_call(state: RankState, call_dir: Path, rank: int, pool: bool = False) -> bool:
+    """Run the call whose files are in ``call_dir``; write its result or error.
+
+    True if the rank can go on: the call returned, or (in a pool) it failed cleanly."""
     from distlab.runtime import isolation, processes, serialize
     from distlab.tools import comm
 
@@ -140,21 +156,28 @@ def _run_call(state: RankState, call_dir: Path, rank: int) -> bool:
         result = fn(*args, **kwargs)
         data = serialize.dumps_result(result)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
-        _report_exception(call_dir, rank, exc)
-        return False
+        data = None
+        serving_on = pool and _failed_cleanly(exc)
+        _report_exception(call_dir, rank, exc, serving_on)
+        if not serving_on:
+            return False
     finally:
         for step in reversed(undo):
             step()
         isolation.restore(saved)
         comm.forget_pending()
     processes.end_children_started_since(children_before)   # the call ends with what it started
+    if data is None:
+        state.now({"phase": "raised", "since": time.time()})
+        return True
     files.write_atomically(files.result_file(call_dir, rank), data)
     state.now({"phase": "returned", "since": time.time()})
     return True
 
 
 def _serve_calls(run_dir: Path, state: RankState, rank: int) -> bool:
-    """Pool mode: run call-0, call-1, ... as they appear, until told to stop or a call fails."""
+    """Pool mode: run call-0, call-1, ... as they appear, until told to stop or a call fails
+    in a way that leaves the process group in doubt (see :func:`_failed_cleanly`)."""
     state.now({"phase": "ready", "since": time.time()})
     index = 0
     while True:
@@ -165,7 +188,7 @@ def _serve_calls(run_dir: Path, state: RankState, rank: int) -> bool:
                 return True
             # Poll fast right after a call (the next cell usually follows), slower when idle.
             time.sleep(0.002 if time.monotonic() - idle_since < 1 else 0.05)
-        if not _run_call(state, call_dir, rank):
+        if not _run_call(state, call_dir, rank, pool=True):
             return False
         index += 1
 

@@ -123,6 +123,7 @@ def _first_tensor(a):
 _local = threading.local()        # .depth: nesting level of recorded calls on this thread
 _recorders: list[CommLog] = []    # active `record()` logs (innermost last)
 _pending_async: list[Call] = []   # async calls launched and not finished yet
+_raised: list[Call] = []          # distributed calls that raised instead of finishing
 _observer = None                  # callback(event, call) used by the worker for diagnostics
 _originals: dict[str, object] = {}
 _installed = False
@@ -143,9 +144,16 @@ def pending_async() -> list[Call]:
     return list(_pending_async)
 
 
+def calls_that_raised() -> list[Call]:
+    """Distributed calls that raised (a peer vanished, shapes differed, a timeout) since the last
+    :func:`forget_pending`: after one of those, the process group's state is unknown."""
+    return list(_raised)
+
+
 def forget_pending() -> None:
     """Forget async calls and open recorders left by a finished call (a pool's next call starts clean)."""
     _pending_async.clear()
+    _raised.clear()
     _waiting_for.clear()
     _recorders.clear()
 
@@ -237,6 +245,9 @@ def _wrap(op: str, original):
         _notify("enter", call)
         try:
             result = original(*args, **kwargs)
+        except BaseException:
+            _raised.append(call)
+            raise
         finally:
             _local.depth, _local.current = 0, None
         if call.async_op:
@@ -266,6 +277,9 @@ def _wrap_wait(original):
             _notify("enter", call)
         try:
             return original(self, *args, **kwargs)
+        except BaseException:
+            _raised.append(call)
+            raise
         finally:
             if entry:
                 entry[1]()

@@ -148,7 +148,12 @@ class BorrowedJob:
         files.write_atomically(self.run_dir / BUSY, b"")
         index = int(Path(call_dir).name.rsplit("-", 1)[1])
         files.write_atomically(self.run_dir / NEXT_CALL, str(index + 1).encode())
-        results = self.watcher.wait(timeout, call_dir)
+        try:
+            results = self.watcher.wait(timeout, call_dir)
+        except RankError:
+            if self.watcher.ranks_can_go_on():   # every rank finished the call (see Pool.run): still fit
+                (self.run_dir / BUSY).unlink()
+            raise
         (self.run_dir / BUSY).unlink()
         return results
 
