@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 
 import pytest
 import torch
@@ -433,3 +434,23 @@ def test_failures_of_several_check_functions_join_into_one_list():
                 check_function(1)
     assert str(caught.value).splitlines() == ["3 checks failed:", "  1. function of 2, case 0",
                                               "  2. function of 2, case 1", "  3. function of 1, case 0"]
+
+
+def test_a_cell_that_ran_past_the_limit_is_not_run_again_for_the_next_task(monkeypatch):
+    """A cell that sleeps at the top level costs the per-cell limit once per rank, not once per run."""
+    from distlab.grade import sandbox
+
+    monkeypatch.setattr(sandbox, "CELL_TIME_LIMIT_S", 0.5)
+    monkeypatch.setattr(sandbox, "_namespaces", {})
+    monkeypatch.setattr(sandbox, "_timed_out", set())
+    sleeps, defines = "import time\ntime.sleep(60)\n", "def f():\n    return 1\n"
+    start = time.monotonic()
+    namespace, problems = sandbox.run_cells([sleeps, defines])
+    assert 0.4 < time.monotonic() - start < 5
+    timed_out = "cell 0: distlab.grade.sandbox.CellTimeout: the cell ran longer than 0.5 s"
+    assert namespace["f"]() == 1 and problems == [timed_out]
+    start = time.monotonic()
+    namespace, problems = sandbox.run_cells([sleeps, defines, "x = 2\n"])    # the next task's run
+    assert time.monotonic() - start < 0.3
+    assert namespace["f"]() == 1 and namespace["x"] == 2
+    assert problems == [timed_out + " (in an earlier run of these tests; not run again)"]

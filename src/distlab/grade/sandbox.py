@@ -35,6 +35,10 @@ class CellTimeout(Exception):
 
 
 _namespaces: dict[str, tuple[dict, list[str]]] = {}
+_timed_out: set[str] = set()
+"""Cells (by source hash) that already ran past the limit on this rank: a notebook's tests run
+the student's cells again for each task, and a cell that sleeps at the top level would cost
+the limit every time. It is not run again; it counts as timed out, with what it defined lost."""
 
 
 def _transform(source: str) -> str:
@@ -54,6 +58,10 @@ def _on_alarm(signum, frame):
     raise CellTimeout(f"the cell ran longer than {CELL_TIME_LIMIT_S:g} s")
 
 
+def _one_line(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
+
+
 def run_cells(cells: list[str], given: dict | None = None) -> tuple[dict, list[str]]:
     """Run the cells in a fresh ``__main__``-like namespace; return it and the problems met.
 
@@ -71,6 +79,12 @@ def run_cells(cells: list[str], given: dict | None = None) -> tuple[dict, list[s
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     try:
         for index, source in enumerate(cells):
+            digest = hashlib.sha256(source.encode()).hexdigest()
+            if digest in _timed_out:
+                again = CellTimeout(f"the cell ran longer than {CELL_TIME_LIMIT_S:g} s "
+                                    "(in an earlier run of these tests; not run again)")
+                problems.append(f"cell {index}: {_one_line(again)}")
+                continue
             try:
                 code = compile(_transform(source), f"<cell {index}>", "exec")
                 signal.setitimer(signal.ITIMER_REAL, CELL_TIME_LIMIT_S)
@@ -79,8 +93,9 @@ def run_cells(cells: list[str], given: dict | None = None) -> tuple[dict, list[s
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt: the notebook goes on
-                line = traceback.format_exception_only(type(exc), exc)[-1].strip()
-                problems.append(f"cell {index}: {line}")
+                if isinstance(exc, CellTimeout):
+                    _timed_out.add(digest)
+                problems.append(f"cell {index}: {_one_line(exc)}")
     finally:
         signal.signal(signal.SIGALRM, previous)
     namespace.update(given)
