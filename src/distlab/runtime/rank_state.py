@@ -9,7 +9,8 @@ every ``dist.all_reduce(..., async_op=True)`` take 4 ms instead of 0.1 ms.
 So a rank keeps its latest state in memory (:meth:`RankState.soon`, a few hundred
 nanoseconds), and a background thread writes it only once it has *settled*: unchanged for
 ``settle`` seconds. A rank that hangs in a call keeps one state forever, so its file says so
-within ``2 * settle`` seconds; a rank racing through calls writes nothing. Changes the
+within ``2 * settle`` seconds (``IDLE_PAUSE + settle`` after an idle spell, when the thread
+looks less often); a rank racing through calls writes nothing. Changes the
 launcher waits for (starting, ready, returned) are written at once (:meth:`RankState.now`).
 """
 
@@ -20,6 +21,10 @@ import time
 from pathlib import Path
 
 from distlab.runtime import rundir as files
+
+IDLE_PAUSE = 0.5
+"""Seconds between looks while nothing changes: a hang that follows a long idle is on file
+within about ``IDLE_PAUSE + settle`` seconds (a timeout reads it seconds later)."""
 
 
 class RankState:
@@ -53,12 +58,16 @@ class RankState:
 
     def _write_settled(self) -> None:
         seen = 0
+        pause = self.settle
         while True:
-            time.sleep(self.settle)
+            time.sleep(pause)
             with self._lock:
                 if self._version == seen and self._written != seen:
                     try:
                         self._write()
                     except OSError:     # the run directory is gone: the run is over, and so is this thread
                         return
+                # Nothing changing (a warm rank waiting for its next call): look less often, up to
+                # IDLE_PAUSE, so that idle ranks cost no CPU; any change brings back `settle`.
+                pause = self.settle if self._version != seen else min(2 * pause, max(self.settle, IDLE_PAUSE))
                 seen = self._version

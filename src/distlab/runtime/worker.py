@@ -186,8 +186,10 @@ def _serve_calls(run_dir: Path, state: RankState, rank: int) -> bool:
         while not (call_dir / files.OPTIONS).exists():  # written last by the caller
             if (run_dir / files.STOP).exists():
                 return True
-            # Poll fast right after a call (the next cell usually follows), slower when idle.
-            time.sleep(0.002 if time.monotonic() - idle_since < 1 else 0.05)
+            # Poll fast right after a call (the next cell usually follows), slower when idle, and
+            # slowly when idle for long (a pool kept for a whole page, or a whole book build).
+            idle = time.monotonic() - idle_since
+            time.sleep(0.002 if idle < 1 else 0.05 if idle < 10 else 0.25)
         if not _run_call(state, call_dir, rank, pool=True):
             return False
         index += 1
