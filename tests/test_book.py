@@ -331,6 +331,8 @@ def built_book() -> Path:
     if "Executing notebook" in result.stdout:   # the pages borrowed the build's warm ranks
         calls = re.search(r"\[distlab\] the pages ran (\d+) calls on the shared warm ranks", result.stdout)
         assert calls and int(calls.group(1)) > 0, result.stdout[-3000:]
+        if "scaling.md: Executing notebook" in result.stdout:   # the page that pools 8 ranks first
+            assert "[distlab] a warm pool of 8 ranks shared from book/03-ddp/scaling on" in result.stdout
     print(f"make book: {seconds:.0f} s")
     return SITE
 

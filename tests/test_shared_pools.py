@@ -31,11 +31,13 @@ def where():
     warnings.filterwarnings("ignore")          # a page's call silences warnings: the next call must not inherit it
     return os.getpid(), os.getcwd(), filters
 
-pool = distlab.Pool(nprocs=2, **json.loads(sys.argv[1])).activate()
+options = json.loads(sys.argv[1])
+n = options.pop("nprocs", 2)
+pool = distlab.Pool(nprocs=n, **options).activate()
 report = {"borrowed": pool.borrowed}
-report["first"] = distlab.run(where, nprocs=2)
-report["second"] = distlab.run(where, nprocs=2)
-distlab.run(lambda: print("printed by", os.getppid() and dist.get_rank()), nprocs=2)
+report["first"] = distlab.run(where, nprocs=n)
+report["second"] = distlab.run(where, nprocs=n)
+distlab.run(lambda: print("printed by", os.getppid() and dist.get_rank()), nprocs=n)
 def divide_while_the_peer_waits():
     if dist.get_rank() == 1:
         dist.barrier()                         # rank 0 never joins: rank 1 stays in the call
@@ -60,7 +62,7 @@ print(json.dumps(report), flush=True)
 
 
 def kernel(tmp_path, mode: str = "", **pool_options) -> subprocess.Popen:
-    """A child process that uses a pool of 2 as a page would, in a folder of its own."""
+    """A child process that uses a pool (of 2 ranks unless ``nprocs=`` says) as a page would, in a folder of its own."""
     folder = tmp_path / f"kernel-{time.monotonic_ns()}"
     folder.mkdir()
     return subprocess.Popen([sys.executable, "-c", KERNEL, json.dumps(pool_options), mode], cwd=folder,
@@ -138,6 +140,18 @@ def test_a_call_that_failed_with_every_rank_out_of_the_call_keeps_the_shared_ran
     assert not (fit.pools[2].run_dir / shared.BROKEN).exists()
     fit.refresh()
     assert fit.restarts == restarts and rank_pids(fit) == before
+
+
+def test_a_size_added_during_the_build_is_lent_from_then_on(fit, tmp_path):
+    before, _ = finish(kernel(tmp_path, nprocs=3))
+    assert before["borrowed"] is False                 # no pool of 3 yet: the kernel starts its own
+    fit.add(3)                                         # kept until the owner stops (module end)
+    after, _ = finish(kernel(tmp_path, nprocs=3))
+    assert after["borrowed"] is True and sorted(p for p, _, _ in after["first"]) == sorted(rank_pids(fit, 3))
+    fit.add(3)                                         # asked again (a later page): the same ranks
+    fit.refresh()
+    again, _ = finish(kernel(tmp_path, nprocs=3))
+    assert sorted(p for p, _, _ in again["first"]) == sorted(p for p, _, _ in after["first"])
 
 
 def test_one_borrower_at_a_time_and_only_the_owners_children_with_default_settings(fit, tmp_path):

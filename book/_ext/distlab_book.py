@@ -182,11 +182,16 @@ SHARED_POOL_SIZES = "DISTLAB_BOOK_SHARED_POOLS"
 """Environment variable: the pool sizes the build shares between its pages ("" for none)."""
 
 
+POOL_SIZE = re.compile(r"distlab\.Pool\(\s*(?:nprocs\s*=\s*)?(\d+)")
+"""A page's ``distlab.Pool(nprocs=N)``: a size it runs on warm ranks."""
+
+
 def _share_warm_ranks(app: Sphinx, docname: str, source: list) -> None:
     """Before each page is read (and executed): start the shared pools once, then keep them fit.
 
     They start with the first page that has code to run: a build that re-reads only pages of
-    prose starts no rank."""
+    prose starts no rank. A page that pools a size no pool has yet (8 ranks: the scaling page)
+    starts that pool for itself and the pages after it."""
     from distlab.runtime.shared_pools import SharedPools
 
     pools = getattr(app, "distlab_shared_pools", None)
@@ -200,6 +205,11 @@ def _share_warm_ranks(app: Sphinx, docname: str, source: list) -> None:
             LOGGER.info(f"[distlab] warm pools of {', '.join(map(str, sizes))} ranks shared by the pages")
     elif pools.sizes:
         pools.refresh()
+    if not pools.sizes or "{code-cell}" not in source[0]:
+        return
+    for nprocs in sorted({int(n) for n in POOL_SIZE.findall(source[0])} - set(pools.sizes)):
+        pools.add(nprocs)
+        LOGGER.info(f"[distlab] a warm pool of {nprocs} ranks shared from {docname} on")
 
 
 def _stop_warm_ranks(app: Sphinx, exception) -> None:

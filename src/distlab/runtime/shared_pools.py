@@ -56,6 +56,12 @@ class SharedPools:
         os.environ[shared.SHARED_POOLS] = str(self.folder)
         return self
 
+    def add(self, nprocs: int) -> None:
+        """Share a pool of ``nprocs`` ranks too, from now on (a page wants a size the others do not)."""
+        if self.folder is not None and nprocs not in self.sizes:
+            self.sizes += (nprocs,)
+            self._start_one(nprocs)
+
     def _start_one(self, nprocs: int) -> None:
         """Start the pool of ``nprocs`` ranks and publish it; a pool that cannot start is not published.
 
