@@ -187,9 +187,10 @@ def _serve_calls(run_dir: Path, state: RankState, rank: int) -> bool:
             if (run_dir / files.STOP).exists():
                 return True
             # Poll fast right after a call (the next cell usually follows), slower when idle, and
-            # slowly when idle for long (a pool kept for a whole page, or a whole book build).
+            # slowly after a minute without work (a pool nobody uses for now). Each step trades
+            # CPU for the delay of the next call: up to 0.25 s after a long idle spell.
             idle = time.monotonic() - idle_since
-            time.sleep(0.002 if idle < 1 else 0.05 if idle < 10 else 0.25)
+            time.sleep(0.002 if idle < 1 else 0.05 if idle < 60 else 0.25)
         if not _run_call(state, call_dir, rank, pool=True):
             return False
         index += 1
