@@ -279,3 +279,30 @@ def test_the_grader_leaves_no_zombie_of_a_killed_sandbox():
     killed, zombies = done.stdout.split(" ", 1)
     assert int(killed) == 0, done.stdout + done.stderr  # nothing was left alive in the sandbox
     assert zombies.strip() == "[]", done.stdout + done.stderr
+
+
+def test_the_kernels_socket_folder_lives_exactly_as_long_as_its_kernel(tmp_path):
+    """The grading kernel talks through Unix sockets in a folder of its own: made when the kernel
+    starts, gone when it is shut down; a manager that never starts one leaves nothing in /tmp."""
+    import asyncio
+    import glob
+    import tempfile
+
+    from distlab.grade.nbplugins import GradingKernelManager
+
+    def folders():
+        return set(glob.glob(os.path.join(tempfile.gettempdir(), "distlab-kernel-*")))
+
+    before = folders()
+    km = GradingKernelManager(kernel_name="python3")
+    assert folders() == before
+
+    async def start_and_shut_down():
+        await km.start_kernel(cwd=str(tmp_path))
+        try:
+            assert folders() - before == {km.sockets_folder} and await km.is_alive()
+        finally:
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(start_and_shut_down())
+    assert folders() == before

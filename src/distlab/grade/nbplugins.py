@@ -66,15 +66,15 @@ class GradingKernelManager(AsyncKernelManager):
         super().__init__(*args, **kwargs)
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
-        self.sockets_folder = None
-        if self.sandboxed:
+        self.sockets_folder = None   # made when the kernel starts, removed when it is cleaned up
+
+    async def start_kernel(self, **kw):
+        self.kernel_cwd = kw.get("cwd") or os.getcwd()
+        if self.sandboxed and self.sockets_folder is None:
             self.sockets_folder = tempfile.mkdtemp(prefix="distlab-kernel-")
             self.transport = "ipc"
             self.connection_file = os.path.join(self.sockets_folder, "kernel.json")
             self.ip = os.path.join(self.sockets_folder, "socket")
-
-    async def start_kernel(self, **kw):
-        self.kernel_cwd = kw.get("cwd") or os.getcwd()
         return await self._async_start_kernel(**kw)
 
     def format_kernel_cmd(self, extra_arguments=None):
@@ -98,6 +98,7 @@ class GradingKernelManager(AsyncKernelManager):
         await super()._async_cleanup_resources(restart=restart)
         if self.sockets_folder and not restart:
             shutil.rmtree(self.sockets_folder, ignore_errors=True)
+            self.sockets_folder = None
 
 
 class KernelExecute(Execute):
