@@ -43,6 +43,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -372,13 +373,17 @@ def reap_orphans() -> None:
             return
 
 
-def main(root: Path) -> int:
+def main(root: Path, keep: bool = False) -> int:
+    """Run the cluster in ``root`` until a signal; then end it, and remove ``root`` if this made
+    it, unless ``keep`` (:func:`running_cluster` keeps it: its caller owns the folder and reads
+    its logs)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans below us become our children
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # the test run died: tear down
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stopping.append(True))
+    keep = keep or root.exists()  # never remove a folder someone else made
     root.mkdir(parents=True, exist_ok=True)
     for stale in ("ready.json", "failed.txt"):
         (root / stale).unlink(missing_ok=True)
@@ -390,6 +395,8 @@ def main(root: Path) -> int:
         (root / "ready.json").write_text(json.dumps(info))
         print(f"Slurm test cluster up in {info['start_seconds']} s: export SLURM_CONF={info['slurm_conf']}",
               flush=True)
+        if not keep:
+            print(f"Ctrl-C stops it and removes {root} (--keep keeps its logs there).", flush=True)
         while not stopping:
             time.sleep(0.2)
             reap_orphans()
@@ -404,6 +411,8 @@ def main(root: Path) -> int:
         return 1
     finally:
         cluster.stop()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -420,7 +429,7 @@ def running_cluster(root: Path, timeout: float = 90, env: dict | None = None):
     log_path = root.parent / f"{root.name}-supervisor.log"
     started = time.monotonic()
     with open(log_path, "wb") as log:
-        supervisor = subprocess.Popen([sys.executable, __file__, str(root)], stdout=log,
+        supervisor = subprocess.Popen([sys.executable, __file__, "--keep", str(root)], stdout=log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True, env=env)
     try:
@@ -444,6 +453,10 @@ def running_cluster(root: Path, timeout: float = 90, env: dict | None = None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} DIR   (DIR: where the cluster's config, logs and spool go)")
-    sys.exit(main(Path(sys.argv[1]).resolve()))
+    arguments = sys.argv[1:]
+    keep = "--keep" in arguments
+    folders = [a for a in arguments if a != "--keep"]
+    if len(folders) != 1:
+        sys.exit(f"usage: {sys.argv[0]} [--keep] DIR   (DIR: where the cluster's config, logs and spool go; "
+                 "removed when it stops, unless --keep)")
+    sys.exit(main(Path(folders[0]).resolve(), keep))

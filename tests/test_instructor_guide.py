@@ -21,7 +21,7 @@ from grading_support import REPO, SLUG, solution_answers, with_answers
 from process_support import run_in_own_group
 
 GUIDE = REPO / "book" / "appendices" / "instructors-guide.md"
-NOISE = ("Traceback", "has changed!", "SAWarning", "display_data_priority", "/../")
+NOISE = ("Traceback", "has changed!", "SAWarning", "display_data_priority", "/../", "Directory not found")
 
 
 def guide_commands(section: str = "## The five steps") -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -226,6 +227,31 @@ def test_a_cluster_directory_too_deep_for_slurmstepd_sockets_is_refused_by_name(
         slurm_cluster.check_socket_paths(deep)
     ours = Path("/tmp/distlab-tests-abcdefgh/gw1-abcdefgh/slurm-abcdefgh/cluster")  # under an xdist worker
     slurm_cluster.check_socket_paths(ours)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_started_by_hand_the_cluster_removes_its_folder_when_stopped(tmp_path):
+    """`python scripts/slurm_cluster.py DIR`, then Ctrl-C, as the guides show: nothing is left,
+    neither a daemon nor the folder it made (a folder that was there before is kept)."""
+    root = Path(tempfile.mkdtemp(prefix="slurm-")) / "by-hand"  # short: slurmstepd's socket paths
+    with open(tmp_path / "out.log", "wb") as out:
+        by_hand = subprocess.Popen([sys.executable, slurm_cluster.__file__, str(root)], stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while "Ctrl-C stops it" not in (tmp_path / "out.log").read_text():
+            assert by_hand.poll() is None and time.monotonic() < deadline, (tmp_path / "out.log").read_text()
+            time.sleep(0.2)
+        daemons = psutil.Process(by_hand.pid).children(recursive=True)
+        assert {d.name() for d in daemons} >= {"munged", "slurmctld", "slurmd"}
+        by_hand.send_signal(signal.SIGINT)
+        assert by_hand.wait(timeout=60) == 0, (tmp_path / "out.log").read_text()
+    finally:
+        if by_hand.poll() is None:
+            os.killpg(by_hand.pid, signal.SIGKILL)
+    assert not root.exists(), sorted(str(p) for p in root.rglob("*"))[:10]
+    assert not [d for d in daemons if d.is_running() and d.status() != psutil.STATUS_ZOMBIE]
 
 
 def _client(args: list[str]) -> str:

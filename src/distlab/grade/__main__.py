@@ -39,7 +39,9 @@ import time
 from distlab.grade import bubblewrap, cluster, config
 
 QUIET = ("Copying ", "  Copying to:", "Overwriting files", "Creating/updating student",
-         "Removing existing", "Updating/creating", "Extracting from", "  Extracting to")
+         "Removing existing", "Updating/creating", "Extracting from", "  Extracting to",
+         "Directory not found. Creating:")
+"""nbgrader log lines that report routine work (zip_collect logs making each new folder as a WARNING)."""
 
 
 def say(message: str) -> None:

@@ -134,6 +134,7 @@ class ClusterRun:
         self.executor.update_parameters(**params)
         self.watcher = _queue_watcher(delay_s=POLL_S)
         self.jobs, self.attempts, self.graded, self.failed = {}, Counter(), {}, {}
+        self.submitted = []  # every job of the run, retries included
 
     def _submit(self, students: list[str]) -> None:
         work = config.work_dir()
@@ -143,6 +144,13 @@ class ClusterRun:
             job.watcher = self.watcher  # squeue, not sacct
             self.jobs[student] = job
             self.attempts[student] += 1
+        self.submitted += jobs
+
+    def _forget_calls(self) -> None:
+        """Delete the run's pickled calls: each holds the database URL, password included, and a
+        job needs its own only until it starts. The logs and results stay."""
+        for job in self.submitted:
+            job.paths.submitted_pickle.unlink(missing_ok=True)
 
     def _why(self, job) -> str:
         """Why a finished job left its student without complete grades."""
@@ -171,7 +179,7 @@ class ClusterRun:
         """`` (34.2 s on node-7)``: how long the job graded, and where."""
         try:
             outcome = job.result()
-            return f" ({outcome['seconds']:g} s on {outcome['node']})"
+            return f" ({outcome['seconds']:.1f} s on {outcome['node']})"
         except Exception:  # noqa: BLE001 - graded, but its result file is unreadable: say nothing
             return ""
 
@@ -180,28 +188,30 @@ class ClusterRun:
         if not finished:
             return
         state = _gradebook_state(self.db_url, self.slug, finished)
-        retry = []
+        retry, ended = [], 0
         for student in finished:
             job = self.jobs.pop(student)
             if state[student] is not None:
                 score, top = state[student]
                 self.graded[student] = score
                 bar.write(f"  {student}: {score:g} / {top:g}{self._where(job)}")
-                bar.update(1)
+                ended += 1
             elif self.attempts[student] < ATTEMPTS:
                 bar.write(f"  {student}: not graded ({self._why(job)}); trying once more")
                 retry.append(student)
             else:
                 self.failed[student] = self._why(job)
                 bar.write(f"  {student}: NOT GRADED")
-                bar.update(1)
+                ended += 1
         if retry:
             self._submit(retry)
+        self._progress(bar, redraw=False)
+        bar.update(ended)  # redraws the bar once, with the counts of after this collection
 
-    def _progress(self, bar) -> None:
+    def _progress(self, bar, redraw: bool = True) -> None:
         states = Counter(job.state for job in self.jobs.values())
         bar.set_postfix(done=len(self.graded), failed=len(self.failed), running=states["RUNNING"],
-                        pending=len(self.jobs) - states["RUNNING"], refresh=sys.stdout.isatty())
+                        pending=len(self.jobs) - states["RUNNING"], refresh=redraw and sys.stdout.isatty())
 
     def cancel(self) -> None:
         """scancel every job of the run, by id; wait until none is in the queue."""
@@ -235,6 +245,13 @@ class ClusterRun:
                 interrupted = True
             except FailedJobError as exc:  # sbatch said no: asked for more than a node has, a wrong partition...
                 refused = (str(exc).strip().splitlines() or ["no reason given"])[-1]
+        try:
+            return self._report(start, interrupted, refused)
+        finally:
+            self._forget_calls()
+
+    def _report(self, start: float, interrupted: bool, refused: str | None) -> int:
+        """Cancel what is left if the run was cut short; say how it ended; the exit code."""
         if refused:
             self.cancel()
             self.say(f"autograde {self.slug} --slurm: Slurm refused the jobs ({refused}); check --partition, --cpus, "
