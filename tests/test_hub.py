@@ -180,6 +180,7 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     page.keyboard.press("Escape")
     page.keyboard.press("a")
     page.keyboard.press("Enter")
+    torchrun_folders = set(Path("/tmp").glob("torchelastic_*"))
     page.keyboard.insert_text('%%distributed -n 2\nimport os\nprint("runs on", os.environ["SLURMD_NODENAME"])')
     page.keyboard.press("Shift+Enter")
     output = notebook.locator(".jp-OutputArea-output", has_text="runs on")
@@ -188,6 +189,10 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     page.screenshot(path=str(ARTIFACTS / "05-ranks-on-two-nodes.png"))
     nodes = dict(re.findall(r"\[rank (\d)\][^\n]*runs on (\S+)", text))
     assert set(nodes) == {"0", "1"} and len(set(nodes.values())) == 2, text
+    # torchrun, on each node, left no log folder in the node's /tmp (it never removes one)
+    left = [p for p in set(Path("/tmp").glob("torchelastic_*")) - torchrun_folders
+            if p.stat().st_uid == home.stat().st_uid]
+    assert not left, left
 
     # The server listens on loopback only (the demo's nodes are this machine).
     listening = {c.laddr.ip for p in psutil.process_iter(["cmdline", "username"])

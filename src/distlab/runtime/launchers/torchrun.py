@@ -17,11 +17,16 @@ from distlab.runtime.processes import TAG_VARIABLE
 WORKER = "distlab.runtime.worker"
 """The module every rank runs (see :mod:`distlab.runtime.worker`)."""
 
+NO_LOG_FOLDER = "--log-dir=" + os.devnull
+"""torchrun option: keep no log folder. Left to itself, torchrun makes ``torchelastic_*`` in the
+node's temporary folder for every run and never removes it; the ranks' output goes to the
+console anyway, and what a rank reports (its result, its traceback) is in distlab's run folder."""
+
 
 def torchrun_command(nprocs: int, run_dir: Path, pool: bool = False) -> list[str]:
     """The local launcher: one torchrun with its own rendezvous on a free port."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nprocs}", "--max-restarts=0", "--monitor-interval=0.05",
+            f"--nproc-per-node={nprocs}", "--max-restarts=0", "--monitor-interval=0.05", NO_LOG_FOLDER,
             "--module", WORKER, str(run_dir)] + (["--pool"] if pool else [])
 
 

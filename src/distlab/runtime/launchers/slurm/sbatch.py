@@ -14,7 +14,7 @@ from pathlib import Path
 
 from distlab.runtime.launchers.slurm import commands, remote, script
 from distlab.runtime.launchers.slurm import config as slurm_config
-from distlab.runtime.launchers.torchrun import WORKER, worker_environment
+from distlab.runtime.launchers.torchrun import NO_LOG_FOLDER, WORKER, worker_environment
 from distlab.runtime.watcher import Watcher
 
 
@@ -120,7 +120,7 @@ class SbatchJob:
                           target=["--module", WORKER, str(self.shared_dir)],
                           job_name="distlab", time_limit=self.config.time or script.minutes_for(timeout),
                           output=str(self.output), exports=exports,
-                          torchrun_extra=["--monitor-interval=0.5"])
+                          torchrun_extra=["--monitor-interval=0.5", NO_LOG_FOLDER])
 
     def _submit(self) -> str:
         try:

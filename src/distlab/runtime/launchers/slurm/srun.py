@@ -18,7 +18,7 @@ from distlab.runtime import rundir as files
 from distlab.runtime.launchers.agent import Agent
 from distlab.runtime.launchers.slurm import commands, remote, script
 from distlab.runtime.launchers.slurm import config as slurm_config
-from distlab.runtime.launchers.torchrun import WORKER, agent_environment
+from distlab.runtime.launchers.torchrun import NO_LOG_FOLDER, WORKER, agent_environment
 from distlab.runtime.watcher import Watcher
 
 
@@ -48,7 +48,7 @@ class SrunJob:
 
     def command(self) -> list[str]:
         """``srun [one task per node] bash -c 'exec python -m torch.distributed.run ...'``."""
-        target = ["--max-restarts=0", "--monitor-interval=0.05", "--module", WORKER, str(self.shared_dir)]
+        target = ["--max-restarts=0", "--monitor-interval=0.05", NO_LOG_FOLDER, "--module", WORKER, str(self.shared_dir)]
         python = self.config.python or sys.executable   # the notebook runs inside the allocation
         line = script.torchrun_on_each_node(python, str(len(self.hosts)), self.nproc_per_node, self.endpoint,
                                      self.step_name, target + (["--pool"] if self.pool else []))
