@@ -33,6 +33,10 @@
    (:mod:`distlab.runtime.shared_pools`); before each page, ranks a page left unfit (a failed
    or hung call) are replaced. ``DISTLAB_BOOK_SHARED_POOLS=""`` turns this off (for comparing
    build times); ``"2,4"`` is the default.
+
+8. **Kernels that start with torch imported.** Each page's kernel is forked from a template
+   process that imported torch, matplotlib and distlab once (:mod:`forked_kernels`), instead
+   of a new Python importing them again: about two seconds less per page.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import re
 import shutil
 from pathlib import Path
 
+import forked_kernels
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.search import languages as search_languages
@@ -199,7 +204,10 @@ def _share_warm_ranks(app: Sphinx, docname: str, source: list) -> None:
         if "{code-cell}" not in source[0]:
             return
         sizes = [int(n) for n in os.environ.get(SHARED_POOL_SIZES, "2,4").split(",") if n.strip()]
-        pools = app.distlab_shared_pools = SharedPools(sizes)
+        template = forked_kernels.start()
+        if template is not None:
+            LOGGER.info("[distlab] the pages' kernels are forked from a template that imported torch")
+        pools = app.distlab_shared_pools = SharedPools(sizes, parents=[template] if template else [])
         if sizes:
             pools.start()
             LOGGER.info(f"[distlab] warm pools of {', '.join(map(str, sizes))} ranks shared by the pages")
@@ -213,6 +221,7 @@ def _share_warm_ranks(app: Sphinx, docname: str, source: list) -> None:
 
 
 def _stop_warm_ranks(app: Sphinx, exception) -> None:
+    forked_kernels.stop()
     pools = getattr(app, "distlab_shared_pools", None)
     if pools is not None and pools.sizes:
         calls = pools.calls()

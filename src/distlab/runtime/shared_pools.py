@@ -33,8 +33,11 @@ LOCK_WAIT = 10.0
 class SharedPools:
     """Pools of ``sizes`` ranks that the kernels this process starts borrow (see the module)."""
 
-    def __init__(self, sizes=(2, 4)):
+    def __init__(self, sizes=(2, 4), parents=()):
         self.sizes = tuple(sizes)
+        # Whose children may borrow: ours (the kernels we start), and those of ``parents``
+        # (the book build forks its kernels from a template process: they are its children).
+        self.parents = [os.getpid(), *parents]
         self.folder: Path | None = None
         self.pools: dict[int, Pool] = {}
         self.restarts = 0
@@ -78,7 +81,7 @@ class SharedPools:
                 return
             pool.job.watcher.echo.mute()   # what the ranks print belongs to the borrowers' cells
             self.pools[nprocs] = pool
-            info = {"run_dir": str(pool.run_dir), "agent_pid": pool.job.agent.pid, "owner_pid": os.getpid()}
+            info = {"run_dir": str(pool.run_dir), "agent_pid": pool.job.agent.pid, "parents": self.parents}
             files.write_atomically(shared.info_file(self.folder, nprocs), json.dumps(info).encode())
         finally:
             shared.unlock(fd)

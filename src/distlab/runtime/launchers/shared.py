@@ -8,8 +8,8 @@ and names their folder in the environment variable :data:`SHARED_POOLS`, which e
 it starts inherits. A pool a page starts with default settings *borrows* those ranks instead
 of starting its own; nothing else about it changes: same calls, same output, same errors.
 
-Only the owner's own children borrow (the kernels it starts): a process that a page starts
-itself, like the appendix's stand-in for a kernel that gets killed, starts its own ranks, as
+Only the owner's own children borrow (the kernels it starts, or forks through a process it
+names: the book's kernel template): a process that a page starts itself, like the appendix's stand-in for a kernel that gets killed, starts its own ranks, as
 it would outside a build. Borrowing is safe because of three rules:
 
 1. **One borrower at a time.** The borrower holds an exclusive lock (``flock``) on the pool's
@@ -56,7 +56,7 @@ def lock_file(folder: Path, nprocs: int) -> Path:
 
 
 def info_file(folder: Path, nprocs: int) -> Path:
-    """``{"run_dir", "agent_pid", "owner_pid"}`` of the shared pool of ``nprocs`` ranks, once it is ready."""
+    """``{"run_dir", "agent_pid", "parents"}`` of the shared pool of ``nprocs`` ranks, once it is ready."""
     return Path(folder) / f"pool-{nprocs}.json"
 
 
@@ -105,7 +105,7 @@ def borrow(nprocs: int, backend, threads, launcher: str, start_setup: list) -> "
     try:
         info = json.loads(info_file(folder, nprocs).read_text())
         run_dir = Path(info["run_dir"])
-        if info["owner_pid"] != os.getppid() or not healthy(run_dir, nprocs, info["agent_pid"]):
+        if os.getppid() not in info["parents"] or not healthy(run_dir, nprocs, info["agent_pid"]):
             unlock(fd)
             return None
     except (OSError, ValueError, KeyError):
