@@ -328,7 +328,10 @@ def built_book() -> Path:
     result, seconds = make_book()
     assert result.returncode == 0, f"make book failed:\n{result.stdout[-6000:]}"
     assert "book built in" in result.stdout
-    if "Executing notebook" in result.stdout:   # the pages borrowed the build's warm ranks
+    executed = [Path(p) for p in re.findall(r"^(\S+\.md): Executing notebook", result.stdout, re.M)]
+    if executed:   # their kernels were forked from the template
+        assert "[distlab] the pages' kernels are forked from a template" in result.stdout, result.stdout[-3000:]
+    if any("distlab.Pool(" in page.read_text() for page in executed):   # they borrowed the build's warm ranks
         calls = re.search(r"\[distlab\] the pages ran (\d+) calls on the shared warm ranks", result.stdout)
         assert calls and int(calls.group(1)) > 0, result.stdout[-3000:]
         if "scaling.md: Executing notebook" in result.stdout:   # the page that pools 8 ranks first
