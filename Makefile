@@ -42,18 +42,25 @@ hub-clean: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --no-cache .
 
+# Byte-code of the package, written once: where PYTHONDONTWRITEBYTECODE is set (this machine
+# sets it), every process that imports distlab (each rank, kernel, grader) would compile it again.
+BYTECODE := $(PY) -m compileall -q src
+
 # Two workers, one test file each at a time (files share module-scoped fixtures: the built
 # book, the graded class, the Slurm cluster); tests/conftest.py starts the longest files first.
 test: $(STAMP) system-deps lint $(PROXY)
+	$(BYTECODE)
 	$(PY) -m pytest -n 2 --dist loadfile --durations=30
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
 test-fast: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -m "not slow"
 
 # Executes every page (jupyter-cache in _build/.jupyter_cache keeps outputs of unchanged pages;
 # a change in src/distlab clears it, see book/_ext/distlab_book.py); warnings are errors.
 book: $(STAMP)
+	@$(BYTECODE)
 	@start=$$(date +%s); status=0; \
 	$(VENV)/bin/jupyter-book build . -W --keep-going || status=$$?; \
 	if [ $$status -eq 0 ]; then \
