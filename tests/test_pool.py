@@ -238,3 +238,33 @@ def test_the_clean_rooms_warm_ranks_are_reused_and_replaced_when_broken_or_old()
     still_active = distlab.active_pools().values()
     assert not any(pool.running for pool in warm.pools.values())
     assert not any(any(pool is active for active in still_active) for pool in warm.pools.values())
+
+
+def test_a_pool_whose_owner_was_killed_leaves_a_folder_that_the_next_run_removes(tmp_path):
+    """A kernel killed with SIGKILL cannot remove its pool's folder (its ranks die with it);
+    the next run of the same user removes it, and never a folder whose owner still lives."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    owner = subprocess.Popen([sys.executable, "-c", "import distlab, time\n"
+                              "pool = distlab.Pool(nprocs=2).start()\n"
+                              "print(pool.run_dir, flush=True)\n"
+                              "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        left = Path(owner.stdout.readline().strip())
+    finally:
+        owner.kill()
+        owner.wait()
+    assert left.name.startswith(f"distlab-pool-{owner.pid}-") and left.is_dir()
+    ranks = [int((left / f"pid-{rank}").read_text()) for rank in range(2)]
+    assert wait_until_gone(ranks, 30) == []            # the ranks died with their owner
+    assert left.is_dir()                                # but the folder stayed
+    ours = Path(tempfile.mkdtemp(prefix=f"distlab-pool-{os.getpid()}-"))   # a live owner's
+    try:
+        assert distlab.run(pid_and_sum, 0, nprocs=2)[0][1] == 1.0
+        assert not left.exists()
+        assert ours.is_dir()
+    finally:
+        ours.rmdir()

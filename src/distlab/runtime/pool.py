@@ -33,7 +33,6 @@ import contextvars
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -82,7 +81,7 @@ class Pool:
             self.started_at = time.monotonic()
             return self
         self.borrowed = False
-        self.run_dir = Path(tempfile.mkdtemp(prefix="distlab-pool-"))
+        self.run_dir = files.new_run_dir("pool")
         options.write_options(self.run_dir, seed=0, setup=self.start_setup)
         self.calls = 0
         self.started_at = time.monotonic()

@@ -25,8 +25,6 @@ Success is judged by the results the ranks delivered, not by torchrun's exit cod
 from __future__ import annotations
 
 import shutil
-import tempfile
-from pathlib import Path
 
 from distlab.runtime import launchers, options, serialize
 from distlab.runtime import rundir as files
@@ -73,7 +71,7 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
     options.check_arguments(fn, nprocs, timeout, backend, threads)
     job_class = launchers.choose(launcher)
     blob = serialize.dumps_call(fn, args, kwargs)
-    run_dir = Path(tempfile.mkdtemp(prefix="distlab-"))
+    run_dir = files.new_run_dir("run")
     try:
         (run_dir / files.PAYLOAD).write_bytes(blob)
         options.write_options(run_dir, seed, options.current_rank_setup())

@@ -21,18 +21,66 @@ while pids, states and output stay at the top. A ``stop`` file tells idle ranks 
 
 Files that others read are written to a temporary name and renamed into place, so a
 reader sees either nothing or the whole file, never half of it.
+
+The folder's name carries the process id of its owner (``distlab-run-4242-x1y2z3``): the owner
+removes it when the run or pool ends, and if the owner was killed first (a kernel ended with
+SIGKILL cannot clean up), the next run of the same user on the machine removes it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import tempfile
 from pathlib import Path
 
 PAYLOAD = "payload.pkl"
 OPTIONS = "options.json"
 AGENT_LOG = "agent.log"
 STOP = "stop"
+
+
+OWNED_FOLDER = re.compile(r"distlab-(?:run|pool)-(\d+)-")
+"""Name of a run folder: its kind and its owner's process id."""
+
+
+def new_run_dir(kind: str) -> Path:
+    """A fresh private folder for a ``kind`` ("run" or "pool"), after removing the ones that
+    owners killed before they could clean up left behind (:func:`remove_orphaned_run_dirs`)."""
+    remove_orphaned_run_dirs()
+    return Path(tempfile.mkdtemp(prefix=f"distlab-{kind}-{os.getpid()}-"))
+
+
+def remove_orphaned_run_dirs() -> list[Path]:
+    """Remove this user's run folders whose owner process no longer exists; return them.
+
+    Only folders of the current user, in this process's temporary folder, named by
+    :func:`new_run_dir`: another user's runs, and ours still owned, are never touched. (Owners
+    are looked up in this machine's process table: a grading sandbox, with process ids of its
+    own, has a private temporary folder too.)"""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob("distlab-*-*-*"):
+        owner = OWNED_FOLDER.match(path.name)
+        try:
+            if owner is None or path.stat().st_uid != os.getuid() or _exists(int(owner.group(1))):
+                continue
+        except OSError:    # gone meanwhile
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process: it exists
+        return True
+    return True
 
 
 def call_dir(run_dir: Path, index: int) -> Path:
