@@ -454,3 +454,12 @@ def test_a_cell_that_ran_past_the_limit_is_not_run_again_for_the_next_task(monke
     assert time.monotonic() - start < 0.3
     assert namespace["f"]() == 1 and namespace["x"] == 2
     assert problems == [timed_out + " (in an earlier run of these tests; not run again)"]
+
+
+def test_a_parameter_mismatch_names_the_case_and_the_rank_it_happened_on():
+    reference = {"w": torch.zeros(3)}
+    per_rank = [{"w": torch.zeros(3)}, {"w": torch.tensor([0.0, 1.0, 0.0])}]
+    with pytest.raises(checks.CheckFailed, match=r"^gpt model, AdamW, 4 ranks: parameter `w` on rank 1"):
+        checks.assert_params_match(per_rank, reference, atol=1e-6, what="gpt model, AdamW, 4 ranks")
+    with pytest.raises(checks.CheckFailed, match=r"^gpt model, 4 ranks: rank 0: parameter `w` missing"):
+        checks.assert_params_match([{}], reference, atol=1e-6, what="gpt model, 4 ranks")

@@ -200,13 +200,17 @@ def optimizer_tolerance(optimizer: str, lr: float, steps: int, grad_atol: float 
     raise ValueError(f"optimizer must be 'sgd', 'adam' or 'adamw', got {optimizer!r}")
 
 
-def assert_params_match(per_rank: list[dict], reference: dict, atol: float) -> None:
-    """Parameters after training on every rank match the single-process run within ``atol``."""
+def assert_params_match(per_rank: list[dict], reference: dict, atol: float, what: str = "") -> None:
+    """Parameters after training on every rank match the single-process run within ``atol``.
+
+    ``what`` names the case in the message (``"gpt model, 4 ranks: "`` ...)."""
+    case = f"{what}: " if what else ""
     for rank, params in enumerate(per_rank):
         for name, ref in reference.items():
             if name not in params:
-                raise CheckFailed(f"rank {rank}: parameter `{name}` missing")
-            assert_tensor_close(params[name], ref, name=f"parameter `{name}` on rank {rank}", rtol=0.0, atol=atol)
+                raise CheckFailed(f"{case}rank {rank}: parameter `{name}` missing")
+            assert_tensor_close(params[name], ref, name=f"{case}parameter `{name}` on rank {rank}", rtol=0.0,
+                                atol=atol)
 
 
 # -- communication ------------------------------------------------------------------------------
