@@ -127,6 +127,37 @@ def test_student_code_in_the_sandbox_reaches_only_its_own_folder(tmp_path, liste
     assert report["environment"]["HOME"] == "/tmp"
 
 
+FILL = textwrap.dedent(r'''
+    import errno, sys
+    written = {}
+    for folder in ("/tmp", "/dev/shm"):
+        written[folder] = 0
+        with open(folder + "/fill", "wb") as f:
+            try:
+                while written[folder] < 2 * 2**30:   # past both caps, short of a strain on memory
+                    f.write(bytes(2**24))
+                    f.flush()
+                    written[folder] += 2**24
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    print(written["/tmp"], written["/dev/shm"])
+''')
+
+
+def test_the_sandbox_s_memory_backed_folders_are_capped(tmp_path):
+    """/tmp and /dev/shm live in memory: a submission that writes files until it fails must stop
+    at their caps, not at half of the machine's memory."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    bubblewrap.hand_over(str(scratch))
+    command = bubblewrap.command([sys.executable, "-c", FILL], writable=[str(scratch)], cwd=str(scratch))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    tmp, shm = map(int, done.stdout.split())
+    assert tmp <= bubblewrap.TMP_MB * 2**20 and shm <= bubblewrap.SHM_MB * 2**20, (tmp, shm)
+    assert tmp >= (bubblewrap.TMP_MB - 16) * 2**20 and shm >= (bubblewrap.SHM_MB - 16) * 2**20, (tmp, shm)
+
+
 def test_ranks_in_the_sandbox_talk_over_its_private_loopback(tmp_path):
     program = textwrap.dedent('''
         import distlab, torch

@@ -11,7 +11,8 @@ files          A new, empty root holding, read-only: the system (``/usr``, ``/et
                Python and its packages (``sys.prefix``), and the repository's ``src/`` and
                ``data/``. Nothing else exists: not the solutions, not ``grader/`` (the
                gradebook, the other students' folders), not ``.git``, not the exchange, not
-               the grader's home. ``/tmp`` and ``/dev/shm`` are private and empty. The only
+               the grader's home. ``/tmp`` and ``/dev/shm`` are private, empty and capped
+               (:data:`TMP_MB`, :data:`SHM_MB`: they live in memory). The only
                folders shared with the outside, writable, are the ones the caller names: the
                submission's own folder (kernel) or the clean room's folder.
 network        A new network namespace: only its own loopback. Ranks talk to each other over
@@ -43,6 +44,11 @@ import subprocess
 import sys
 
 NOBODY = 65534
+TMP_MB = 1024
+"""Size of the sandbox's /tmp (its HOME, and the ranks' run folders). A memory file system:
+without a cap, a submission could fill half the machine's memory with files."""
+SHM_MB = 512
+"""Size of the sandbox's /dev/shm (shared-memory tensors of DataLoader workers), for the same reason."""
 SANDBOX_VARIABLE = "DISTLAB_GRADE_SANDBOX"
 PASSED_VARIABLES = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "OMP_NUM_THREADS",
                     "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME",
@@ -135,8 +141,9 @@ def command(argv: list[str], writable: list[str], cwd: str, repo: str | None = N
         elif os.path.isdir(path):
             cmd += ["--ro-bind", path, path]
     cmd += ["--ro-bind", "/sys", "/sys",  # read-only: torch reads the CPU layout, gloo the network devices
-            "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
-            "--perms", "1777", "--tmpfs", "/tmp"]
+            "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(SHM_MB * 2**20), "--tmpfs", "/dev/shm",
+            "--perms", "1777", "--size", str(TMP_MB * 2**20), "--tmpfs", "/tmp"]
     for device in _GPU_DEVICES + tuple(f"/dev/nvidia{i}" for i in range(16)):
         if os.path.exists(device):
             cmd += ["--dev-bind", device, device]
