@@ -35,6 +35,7 @@ queue.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -114,6 +115,10 @@ def collected_students(slug: str) -> list[str]:
     return sorted(p.name for p in submitted.iterdir() if (p / slug).is_dir()) if submitted.is_dir() else []
 
 
+SUBMITIT_WARNING = "ignore:pkg_resources is deprecated as an API:UserWarning"
+"""A warning filter for the jobs (``PYTHONWARNINGS``): submitit's, not ours to act on."""
+
+
 class ClusterRun:
     """One ``autograde --slurm``: submit, watch, retry once, report; Ctrl-C cancels it all."""
 
@@ -129,7 +134,9 @@ class ClusterRun:
         self.executor = submitit.SlurmExecutor(folder=self.folder / "%j", max_num_timeout=0)
         params = {"job_name": f"grade-{slug}", "time": slurm["time"], "mem": f"{slurm['mem']}M",
                   "cpus_per_task": slurm["cpus"], "array_parallelism": slurm["max_parallel"],
-                  "use_srun": False, "stderr_to_stdout": True}
+                  "use_srun": False, "stderr_to_stdout": True,
+                  # submitit imports the deprecated pkg_resources in every job: one warning per log
+                  "setup": [f"export PYTHONWARNINGS={shlex.quote(SUBMITIT_WARNING)}"]}
         params.update({k: v for k, v in (("partition", slurm.get("partition")), ("gres", slurm.get("gres"))) if v})
         self.executor.update_parameters(**params)
         self.watcher = _queue_watcher(delay_s=POLL_S)
