@@ -8,6 +8,7 @@ interrupts, death), start without importing torch again, and leave no process be
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -27,7 +28,13 @@ from distlab.runtime.shared_pools import SharedPools  # noqa: E402
 @pytest.fixture
 def template(monkeypatch):
     monkeypatch.delenv("DISTLAB_BOOK_FORKED_KERNELS", raising=False)
-    pid = forked_kernels.start()
+    # as a build started in the background of a script does: SIGINT ignored, which the
+    # template inherits; its kernels must still be interruptible
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pid = forked_kernels.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     folder = forked_kernels.TEMPLATE.folder
     try:
         yield pid

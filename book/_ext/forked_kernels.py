@@ -60,7 +60,10 @@ def _run_kernel(request: dict, inherited: list[socket.socket]) -> None:
             connection.close()
         os.setsid()                      # its own process group, as the local provisioner's kernels
         _die_with_parent()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        # The signal handlers a new Python starts with, whatever the build inherited (a build
+        # started in the background of a script ignores SIGINT): interrupts must reach the page.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(request["env"])
