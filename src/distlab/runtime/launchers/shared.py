@@ -9,8 +9,9 @@ it starts inherits. A pool a page starts with default settings *borrows* those r
 of starting its own; nothing else about it changes: same calls, same output, same errors.
 
 Only the owner's own children borrow (the kernels it starts, or forks through a process it
-names: the book's kernel template): a process that a page starts itself, like the appendix's stand-in for a kernel that gets killed, starts its own ranks, as
-it would outside a build. Borrowing is safe because of three rules:
+names: the book's kernel template): a process that a page starts itself, like the appendix's
+stand-in for a kernel that gets killed, starts its own ranks, as it would outside a build.
+Borrowing is safe because of three rules:
 
 1. **One borrower at a time.** The borrower holds an exclusive lock (``flock``) on the pool's
    lock file from the moment it attaches until its pool stops, or its process ends (the
