@@ -145,6 +145,7 @@ def test_every_page_links_the_glossary_terms_it_uses():
     (tools/linking it at its first use is how pages were brought in line)."""
     entries = glossary_entries()
     names = {name.lower(): {n.lower() for n in entry} for entry in entries for name in entry}
+    spelling = {name.lower(): name for entry in entries for name in entry}
     unlinked = []
     for page in sorted((REPO / "book").rglob("*.md")):
         if page.name == "glossary.md" or page.relative_to(REPO / "book").parts[0].startswith("_"):
@@ -157,9 +158,82 @@ def test_every_page_links_the_glossary_terms_it_uses():
         for name in names:
             if len(name) < 3 or name in linked or name in GLOSSARY_VERBS:
                 continue
-            if re.search(r"(?<![\w\-/.])" + re.escape(name) + r"(?![\w\-])", prose, re.I):
+            if re.search(r"(?<![\w\-/.])" + name_pattern(spelling[name]) + r"(?![\w\-])", prose):
                 unlinked.append(f"{page.relative_to(REPO)}: {name!r}")
     assert not unlinked, "terms used but never linked to the glossary:\n" + "\n".join(unlinked)
+
+
+def name_pattern(name: str) -> str:
+    """A regular expression for a glossary name as prose writes it: its first letter in either
+    case (a term opens a sentence or not), the rest as the glossary spells it where that has
+    capitals ("ZeRO", "DTensor": the word "zero" is not the term), in any case where it has none."""
+    head = f"[{re.escape(name[0].lower())}{re.escape(name[0].upper())}]" if name[:1].isalpha() else re.escape(name[:1])
+    tail = name[1:]
+    return head + (re.escape(tail) if tail != tail.lower() else f"(?i:{re.escape(tail)})")
+
+
+def same_spelling(text: str, name: str, plural: bool = False) -> bool:
+    """``text`` is ``name`` letter for letter, but for the case of each word's first letter
+    ("Rank" and "rank", "Distributed Checkpoint" in a title; not "zero" for "ZeRO", whose
+    other letters differ) and, with ``plural``, a plural ending."""
+    def key(words: str) -> list[str]:
+        return [word[:1].lower() + word[1:] for word in re.split(r"(\s+|-)", " ".join(words.split()))]
+
+    forms = [name]
+    if plural:
+        forms += [name + "s", name + "es"] + ([name[:-1] + "ies"] if name.endswith("y") else [])
+    return any(key(text) == key(form) for form in forms)
+
+
+_TERM = re.compile(r"\{term\}`([^`<]*?)(?:\s*<([^>]+)>)?`")
+
+
+def term_links_spelled_unlike_their_term(text: str, names: list[str]) -> list[str]:
+    """The term links of ``text`` that reach a glossary entry only because Sphinx looks terms
+    up ignoring case: the word "zero" lands on "ZeRO", "ddp" on "DDP". A link's target (the
+    part in angle brackets, or its whole text) must be a glossary name as the glossary spells
+    it, the first letter aside. A visible text that is its target's word or plural in another
+    spelling fails too ("Zeros <ZeRO>"); one that is deliberately another phrase ("ring
+    algorithm <ring all-reduce>") is the author's choice and passes."""
+    wrong = []
+    for match in _TERM.finditer(text):
+        shown = " ".join(match.group(1).split())
+        target = " ".join((match.group(2) or match.group(1)).split())
+        if not any(same_spelling(target, name) for name in names):
+            near = [name for name in names if name.lower() == target.lower()]  # what Sphinx links
+            wrong.append(f"{match.group(0)}: no glossary name is spelled {target!r}"
+                         + (f" (the glossary has {near[0]!r}: another word)" if near else ""))
+        elif (match.group(2) and same_spelling(shown.lower(), target.lower(), plural=True)
+              and not same_spelling(shown, target, plural=True)):
+            wrong.append(f"{match.group(0)}: {shown!r} is {target!r} in another spelling")
+    return wrong
+
+
+def test_term_links_are_spelled_as_the_glossary_spells_the_term():
+    """Sphinx finds a ``{term}`` ignoring case, so the word "zero" became a link to ZeRO on four
+    pages, and ``penalty_method = "zero"`` in the instructor's guide a link inside code. A link
+    whose text is another word than its term, in any page, fails here (the sources, not the
+    build: the build resolves the link without a warning)."""
+    names = [name for entry in glossary_entries() for name in entry]
+    wrong = []
+    for page in sorted((REPO / "book").rglob("*.md")):
+        for problem in term_links_spelled_unlike_their_term(page.read_text(), names):
+            wrong.append(f"{page.relative_to(REPO)}: {problem}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_term_spelling_check_tells_the_word_from_the_term():
+    names = ["ZeRO", "Rank", "DTensor", "Bucket", "Reshard after forward", "DDP"]
+    def check(link):
+        return term_links_spelled_unlike_their_term(link, names)
+
+    for good in ("{term}`ZeRO`", "{term}`rank`", "{term}`Rank`", "{term}`DTensors <DTensor>`",
+                 "{term}`buckets <bucket>`", "{term}`resharding <reshard after forward>`", "{term}`DDP`",
+                 "{term}`Reshard After\n  Forward`"):
+        assert not check(good), good
+    for bad in ("{term}`zero`", "{term}`Zero`", "{term}`zero <zero>`", "{term}`Zero <ZeRO>`",
+                "{term}`ddp`", "{term}`dtensors <DTensor>`", "{term}`ranks`", "{term}`RANK`"):
+        assert check(bad), bad
 
 
 _MD_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+\.md)\)")
