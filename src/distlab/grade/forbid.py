@@ -5,10 +5,9 @@ exercise, no distlab reference implementation in any exercise. :func:`forbid` re
 named API, *everywhere it can be reached from Python*, by something that raises
 :class:`ForbiddenError` ("... is not allowed in this exercise"):
 
-* a collective such as ``torch.distributed.all_reduce``: the public function, its twin in
-  ``torch.distributed.distributed_c10d``, the method of the ``ProcessGroup`` object that
-  it calls (``group.allreduce``), the dispatcher op (``torch.ops.c10d.allreduce_``) and the
-  functional collective (``torch.distributed._functional_collectives.all_reduce``);
+* a collective such as ``torch.distributed.all_reduce``: at every layer that can send, from
+  the public function down to the process group's and the backend's methods and the
+  dispatcher's kernels (:mod:`.forbid_collectives`);
 * a class or function such as ``torch.nn.parallel.DistributedDataParallel``: in every loaded
   module that holds it (its own, a re-export, an alias);
 * a module or package such as ``distlab.collectives``: it and every module in it are replaced
@@ -48,59 +47,6 @@ class ForbiddenAttributeError(ForbiddenError, AttributeError):
     ``hasattr(module, "__file__")`` in :mod:`inspect` (which torch's optimizers reach), sees "no
     such attribute" and goes on, while a student who asks for the path still reads why not.
     """
-
-
-# -- forbidden APIs ----------------------------------------------------------------------------
-
-# For each torch.distributed collective: (ProcessGroup method, dispatcher ops, functional twins).
-_COLLECTIVE_ALIASES = {
-    "all_reduce": ("allreduce", ("c10d.allreduce_", "_c10d_functional.all_reduce",
-                                 "_c10d_functional.all_reduce_"), ("all_reduce", "all_reduce_inplace")),
-    "all_reduce_coalesced": ("allreduce_coalesced", ("c10d.allreduce_coalesced_",), ()),
-    "reduce": ("reduce", ("c10d.reduce_",), ()),
-    "broadcast": ("broadcast", ("c10d.broadcast_", "_c10d_functional.broadcast"), ("broadcast",)),
-    "all_gather": ("allgather", ("c10d.allgather_", "_c10d_functional.all_gather_into_tensor"),
-                   ("all_gather_tensor", "all_gather_into_tensor")),
-    "all_gather_into_tensor": ("_allgather_base", ("c10d._allgather_base_",
-                                                   "_c10d_functional.all_gather_into_tensor"),
-                               ("all_gather_tensor",)),
-    "reduce_scatter": ("reduce_scatter", ("c10d.reduce_scatter_",
-                                          "_c10d_functional.reduce_scatter_tensor"),
-                       ("reduce_scatter_tensor",)),
-    "reduce_scatter_tensor": ("_reduce_scatter_base", ("c10d._reduce_scatter_base_",
-                                                       "_c10d_functional.reduce_scatter_tensor"),
-                              ("reduce_scatter_tensor",)),
-    "all_to_all": ("alltoall", ("c10d.alltoall_",), ()),
-    "all_to_all_single": ("alltoall_base", ("c10d.alltoall_base_", "_c10d_functional.all_to_all_single"),
-                          ("all_to_all_single",)),
-    "gather": ("gather", ("c10d.gather_",), ()),
-    "scatter": ("scatter", ("c10d.scatter_",), ()),
-    # torch 2.13's new names for the single-tensor versions, and the coalesced methods of the
-    # process group (a list of tensors in one call): other roads to the same collectives.
-    "all_gather_single": ("all_gather_single", (), ()),
-    "reduce_scatter_single": ("reduce_scatter_single", (), ()),
-    "all_gather_coalesced": ("allgather_coalesced", (), ()),
-    "all_gather_into_tensor_coalesced": ("allgather_into_tensor_coalesced", (), ()),
-    "all_gather_single_coalesced": ("all_gather_single_coalesced", (), ()),
-    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor_coalesced", (), ()),
-    "reduce_scatter_single_coalesced": ("reduce_scatter_single_coalesced", (), ()),
-    "send": ("send", ("c10d.send",), ()),
-    "recv": ("recv", ("c10d.recv_",), ()),
-    "isend": ("send", ("c10d.send",), ()),
-    "irecv": ("recv", ("c10d.recv_",), ()),
-    "barrier": ("barrier", ("c10d.barrier",), ()),
-}
-
-
-# Forbidding a collective forbids every other spelling of it too.
-_SAME_COLLECTIVE = {
-    "all_reduce": ("all_reduce_coalesced",),
-    "all_gather": ("all_gather_coalesced",),
-    "all_gather_into_tensor": ("all_gather_single", "all_gather_into_tensor_coalesced",
-                               "all_gather_single_coalesced"),
-    "reduce_scatter_tensor": ("reduce_scatter_single", "reduce_scatter_tensor_coalesced",
-                              "reduce_scatter_single_coalesced"),
-}
 
 
 def raiser(name: str, why: str = ""):
@@ -146,81 +92,65 @@ forbidden_paths: set[str] = set()
 operation on them)."""
 
 
-def _forbid_collective(op: str) -> None:
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
+_originals: dict[str, dict[int, tuple]] = {}
+"""What was forbidden in this process, by name: ``{id(original): (fingerprint, kind, label)}``
+for the module or object itself and, for a module, every class and function defined in it.
 
-    try:  # imported before any op is replaced: importing it looks those ops up
-        fc = importlib.import_module("torch.distributed._functional_collectives")
-    except ImportError:
-        fc = None
-    name = f"torch.distributed.{op}"
-    for module in (dist, c10d):
-        if hasattr(module, op):
-            setattr(module, op, raiser(name))
-    method, ops, functional = _COLLECTIVE_ALIASES.get(op, (None, (), ()))
-    if method is not None:
-        from torch._C._distributed_c10d import ProcessGroup
-
-        for cls in [ProcessGroup] + _all_subclasses(ProcessGroup):
-            if method in cls.__dict__ or cls is ProcessGroup:
-                try:
-                    setattr(cls, method, raiser(f"ProcessGroup.{method} (behind {name})"))
-                except (AttributeError, TypeError):
-                    pass
-    for qualified in ops:
-        namespace, opname = qualified.split(".")
-        try:
-            setattr(getattr(torch.ops, namespace), opname, raiser(f"torch.ops.{qualified} (behind {name})"))
-        except Exception:  # noqa: BLE001 - an op this torch build does not have
-            pass
-    if functional:
-        for fname in functional:
-            if fc is not None and hasattr(fc, fname):
-                setattr(fc, fname, raiser(f"torch.distributed._functional_collectives.{fname} (behind {name})"))
+Only ids and descriptions, never the objects: a record of the real modules would hand them to
+the very code they are forbidden to (``forbid._originals["distlab.collectives"]``). On a warm
+pool :mod:`distlab.runtime.isolation` puts the real objects back into the modules that held
+them after every call (``distlab.parallel3d.train.parallelize_gpt``), while ``sys.modules``
+keeps the stand-in: the next call finds those holders again by id. The fingerprint (type,
+module, name) makes sure an id that a dead object left behind and a new object took is not
+mistaken for it."""
 
 
-def _all_subclasses(cls) -> list:
-    found = []
-    for sub in cls.__subclasses__():
-        found.append(sub)
-        found.extend(_all_subclasses(sub))
-    return found
+def _fingerprint(obj) -> tuple:
+    return (type(obj).__name__, getattr(obj, "__module__", None), getattr(obj, "__qualname__", None),
+            getattr(obj, "__name__", None))
 
 
-_genuine: dict[str, object] = {}
-"""The real module, class or function behind each forbidden name, recorded the first time it
-is forbidden in this process. On a warm pool :mod:`distlab.runtime.isolation` puts the real object
-back into the modules that held it after every call (``distlab.parallel3d.train.parallelize_gpt``),
-while ``sys.modules`` keeps the stand-in: the next call finds those holders again through this record."""
+def _remember(key: str, obj, kind: str, label: str) -> None:
+    _originals.setdefault(key, {})[id(obj)] = (_fingerprint(obj), kind, label)
 
 
-def _forbid_module(name: str) -> dict[int, object]:
+def _stand_in(kind: str, label: str, module_stand_in=None):
+    if kind == "module":
+        return module_stand_in
+    return _forbidden_class(label) if kind == "class" else raiser(label)
+
+
+def _forbid_module(name: str) -> dict[int, tuple]:
     """Put a stand-in in ``sys.modules`` for a module and every module in it; return what to replace.
 
     The replacements cover the modules themselves and every class and function *defined* in
     them, so that no other module keeps one within reach.
     """
-    if name not in _genuine:
+    if name not in _originals:
         _import_whole(name)
     stand_in = ForbiddenModule(name)
     for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        if not isinstance(sys.modules[key], ForbiddenModule):
-            _genuine.setdefault(key, sys.modules[key])
+        real = sys.modules[key]
+        if not isinstance(real, ForbiddenModule) and key not in _originals:
+            _remember_module(key, real)
         sys.modules[key] = stand_in
-    replacements: dict[int, object] = {}
-    for key, real in _genuine.items():
-        if not (key == name or key.startswith(name + ".")) or not isinstance(real, types.ModuleType):
-            continue
-        replacements[id(real)] = stand_in
-        path = getattr(real, "__file__", None)
-        if path:
-            forbidden_paths.add(os.path.realpath(os.path.dirname(path) if hasattr(real, "__path__") else path))
-        for attr, value in vars(real).items():
-            if (inspect.isfunction(value) or isinstance(value, type)) and getattr(value, "__module__", None) == key:
-                replacements[id(value)] = (_forbidden_class if isinstance(value, type) else raiser)(f"{key}.{attr}")
+    replacements: dict[int, tuple] = {}
+    for key, originals in _originals.items():
+        if key == name or key.startswith(name + "."):
+            for ident, (fingerprint, kind, label) in originals.items():
+                replacements[ident] = (fingerprint, _stand_in(kind, label, stand_in))
     return replacements
+
+
+def _remember_module(key: str, module: types.ModuleType) -> None:
+    """Record a real module, what is defined in it, and its source file (now protected)."""
+    _remember(key, module, "module", key)
+    path = getattr(module, "__file__", None)
+    if path:
+        forbidden_paths.add(os.path.realpath(os.path.dirname(path) if hasattr(module, "__path__") else path))
+    for attr, value in vars(module).items():
+        if (inspect.isfunction(value) or isinstance(value, type)) and getattr(value, "__module__", None) == key:
+            _remember(key, value, "class" if isinstance(value, type) else "function", f"{key}.{attr}")
 
 
 def _import_whole(name: str) -> None:
@@ -236,22 +166,34 @@ def _import_whole(name: str) -> None:
             continue
 
 
-def _forbid_object(name: str) -> dict[int, object]:
+def _forbid_object(name: str) -> dict[int, tuple]:
     """A class or function given by its dotted name: return its replacement, keyed by the original."""
-    module_name, _, attr = name.rpartition(".")
-    original = _genuine.setdefault(name, getattr(importlib.import_module(module_name), attr))
-    return {id(original): _forbidden_class(name) if isinstance(original, type) else raiser(name)}
+    if name not in _originals:
+        module_name, _, attr = name.rpartition(".")
+        original = getattr(importlib.import_module(module_name), attr)
+        _remember(name, original, "class" if isinstance(original, type) else "function", name)
+    return {ident: (fingerprint, _stand_in(kind, label)) for ident, (fingerprint, kind, label)
+            in _originals[name].items()}
 
 
 def replace_everywhere(replacements: dict[int, object]) -> None:
     """Wherever a loaded module holds an original (``from distlab import tensor_parallel``, a
     parent package's attribute, a re-export such as ``torch.distributed.DeviceMesh``, an alias),
-    put its stand-in instead: otherwise the original stays one attribute away."""
+    put its stand-in instead: otherwise the original stays one attribute away.
+
+    ``replacements`` maps ``id(original)`` to its stand-in, or to ``(fingerprint, stand-in)``
+    when the original is known by its id only (see :data:`_originals`)."""
     for mod in list(sys.modules.values()):
         try:
             for attr, value in list(vars(mod).items()):
-                if id(value) in replacements:
-                    setattr(mod, attr, replacements[id(value)])
+                replacement = replacements.get(id(value))
+                if replacement is None:
+                    continue
+                if isinstance(replacement, tuple):
+                    fingerprint, replacement = replacement
+                    if _fingerprint(value) != fingerprint:
+                        continue
+                setattr(mod, attr, replacement)
         except Exception:  # noqa: BLE001 - stand-ins and odd modules that refuse vars() or setattr
             continue
 
@@ -263,12 +205,13 @@ def forbid(*names: str) -> None:
     or function by its dotted path (``"torch.nn.parallel.DistributedDataParallel"``), or a
     module (``"distlab.collectives"``).
     """
-    replacements: dict[int, object] = {}
+    from distlab.grade.forbid_collectives import COLLECTIVES, forbid_collective
+
+    replacements: dict[int, tuple] = {}
     for name in names:
         short = name.removeprefix("torch.distributed.").removeprefix("dist.")
-        if short in _COLLECTIVE_ALIASES:
-            for op in (short,) + _SAME_COLLECTIVE.get(short, ()):
-                _forbid_collective(op)
+        if short in COLLECTIVES:
+            forbid_collective(short)
         elif _is_module(name):
             replacements.update(_forbid_module(name))
         else:
@@ -278,8 +221,8 @@ def forbid(*names: str) -> None:
 
 def _is_module(name: str) -> bool:
     """Whether a forbidden name is a module (else a class or function)."""
-    if name in _genuine:  # forbidden before, on a warm rank (``find_spec`` would ask the stand-in)
-        return isinstance(_genuine[name], types.ModuleType)
+    if name in _originals:  # forbidden before, on a warm rank (``find_spec`` would ask the stand-in)
+        return any(kind == "module" for _, kind, _ in _originals[name].values())
     if isinstance(sys.modules.get(name), ForbiddenModule):
         return True
     try:
