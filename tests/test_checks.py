@@ -207,6 +207,72 @@ def test_guard_forbids_apis_and_their_bypasses_files_processes_and_signals():
         assert "not allowed in this exercise" in result, f"{what}: {result}"
 
 
+DIR_FD_ATTACKS = r"""
+import json, os, sys
+from distlab.grade import protect
+
+secret, work, allowed, notebook = sys.argv[1:5]
+protect.deny_files([notebook])
+protect.protect(paths=[secret, work], allowed=[allowed], guard_signals=False)
+parent = os.open(os.path.dirname(secret), os.O_RDONLY)    # the folder above: not protected
+here = os.open(allowed, os.O_RDONLY)                      # the kernel's own folder: allowed
+os.chdir("/")                                             # relative paths now name other files
+name = os.path.basename(secret)
+attacks = {
+    "read through the fd of the folder above": lambda: os.read(os.open(name + "/secret.txt", os.O_RDONLY,
+                                                                       dir_fd=parent), 100),
+    "create a verdict through it": lambda: os.open(name + "/verdict.json", os.O_CREAT | os.O_WRONLY, dir_fd=parent),
+    "open the protected folder itself": lambda: os.open(name, os.O_RDONLY, dir_fd=parent),
+    "read the notebook through the allowed folder's fd": lambda: os.read(
+        os.open(os.path.basename(notebook), os.O_RDONLY, dir_fd=here), 100),
+    "climb out of the allowed folder": lambda: os.read(os.open("../../../" + name + "/secret.txt", os.O_RDONLY,
+                                                                dir_fd=here), 100),
+    "mkdir through dir_fd": lambda: os.mkdir(name + "/planted", dir_fd=parent),
+    "unlink through dir_fd": lambda: os.unlink(name + "/secret.txt", dir_fd=parent),
+    "rename through dir_fd": lambda: os.rename(name + "/secret.txt", "stolen.txt", src_dir_fd=parent,
+                                               dst_dir_fd=here),
+    "fchdir above, then a relative path": lambda: (os.fchdir(parent), open(name + "/secret.txt").read()),
+}
+verdicts = {}
+for what, attack in attacks.items():
+    os.chdir("/")
+    try:
+        attack()
+        verdicts[what] = "got through"
+    except PermissionError as exc:
+        verdicts[what] = "refused" if "not allowed" in str(exc) else repr(exc)
+    except OSError as exc:
+        verdicts[what] = repr(exc)
+os.chdir("/")
+verdicts["honest: a file of the allowed folder through its fd"] = os.read(
+    os.open("answer.txt", os.O_RDONLY, dir_fd=here), 100).decode()
+print(json.dumps(verdicts))
+"""
+
+
+def test_the_guard_resolves_paths_given_with_dir_fd_or_relative_to_another_folder(tmp_path):
+    # After os.chdir elsewhere, os.open(name, dir_fd=<fd of a folder>) names a file the guard
+    # never saw: the audit hook gets the bare name and resolved it against the current folder.
+    import json
+    import subprocess
+
+    secret, work = tmp_path / "secret", tmp_path / "work"
+    allowed = work / "autograded" / "student"
+    secret.mkdir()
+    allowed.mkdir(parents=True)
+    (secret / "secret.txt").write_text("the hidden tests")
+    (allowed / "notebook.ipynb").write_text("the hidden tests, restored")
+    (allowed / "answer.txt").write_text("mine")
+    done = subprocess.run([sys.executable, "-c", DIR_FD_ATTACKS, str(secret), str(work), str(allowed),
+                           str(allowed / "notebook.ipynb")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    verdicts = json.loads(done.stdout)
+    assert verdicts.pop("honest: a file of the allowed folder through its fd") == "mine"
+    assert {what: v for what, v in verdicts.items() if v != "refused"} == {}
+    assert sorted(p.name for p in secret.iterdir()) == ["secret.txt"]
+    assert (secret / "secret.txt").read_text() == "the hidden tests"
+
+
 def _reach_forbidden_through_their_holders():
     """Forbid two packages and a class, then reach each through every other module that holds it,
     or holds something defined in it."""

@@ -6,7 +6,9 @@ Python code. :func:`protect` installs ours, which refuses:
 
 * any file operation under a protected path (the solutions, the gradebook and the other
   students' folders, the ``.git`` folder that holds every solution ever committed), and on the
-  source of every forbidden module (:data:`distlab.grade.forbid.forbidden_paths`);
+  source of every forbidden module (:data:`distlab.grade.forbid.forbidden_paths`). A relative
+  path counts for every folder it could be relative to: the current one, and each folder the
+  process holds open, since ``os.open(name, dir_fd=fd)`` tells the hook ``name`` but not ``fd``;
 * starting processes beyond ``max_spawns`` (0 on ranks: an exercise never needs one);
 * signals to any process but its own descendants (a rank killing torchrun or the grader).
 
@@ -45,14 +47,53 @@ def _is_descendant(pid: int) -> bool:
         return True  # already gone: nothing to protect
 
 
-def _resolve(path) -> str | None:
-    if isinstance(path, int):
-        return None
+_FOLDER_EVENTS = {"os.chdir", "os.listdir", "os.scandir"}
+"""Events that also take an open folder's descriptor instead of a path (``os.fchdir(fd)``, ``os.listdir(fd)``)."""
+
+
+def _open_folders() -> list[str]:
+    """The folders this process holds open: a relative path may be meant against any of them.
+
+    Python's ``os.open(name, dir_fd=fd)`` reports only ``name`` to the audit hook, not ``fd``;
+    so a relative path is checked against the current folder *and* every folder a descriptor
+    of this process points to (``/proc/self/fd``). The descriptor it names is one of those.
+    """
+    found = []
+    try:
+        descriptors = os.listdir("/proc/self/fd")  # an absolute path: its own check ends here
+    except OSError:
+        return found
+    for fd in descriptors:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and os.path.isdir(target):
+            found.append(target)
+    return found
+
+
+def _real_paths(event: str, path) -> list[str]:
+    """Every real path ``path`` may name for this event: one if absolute, one per folder if relative."""
+    if isinstance(path, int):  # a descriptor: only a folder's lets the code reach further
+        if event not in _FOLDER_EVENTS:
+            return []
+        try:
+            return [os.path.realpath(os.readlink(f"/proc/self/fd/{path}"))]
+        except OSError:
+            return []
     try:
         path = os.fsdecode(path)
     except TypeError:
-        return None
-    return os.path.realpath(path)
+        return []
+    if os.path.isabs(path):
+        return [os.path.realpath(path)]
+    folders = _open_folders()
+    try:
+        folders.insert(0, os.getcwd())
+    except OSError:  # the current folder was removed
+        pass
+    return [os.path.realpath(os.path.join(folder, path)) for folder in dict.fromkeys(folders)]
 
 
 def _is_under(path: str, root: str) -> bool:
@@ -60,16 +101,14 @@ def _is_under(path: str, root: str) -> bool:
 
 
 def _check_path(event: str, raw) -> None:
-    path = _resolve(raw)
-    if path is None:
-        return
-    if any(_is_under(path, forbidden) for forbidden in forbidden_paths):
-        raise PermissionError(f"{event} on {raw} {NOT_ALLOWED} (the grader protects this file)")
-    if any(_is_under(path, a) for a in _state["allowed"]):
-        return
-    for root in _state["protected"]:
-        if _is_under(path, root):
-            raise PermissionError(f"{event} on {raw} {NOT_ALLOWED} (the grader protects {root})")
+    for path in _real_paths(event, raw):
+        if any(_is_under(path, forbidden) for forbidden in forbidden_paths):
+            raise PermissionError(f"{event} on {raw} {NOT_ALLOWED} (the grader protects this file)")
+        if any(_is_under(path, a) for a in _state["allowed"]):
+            continue
+        for root in _state["protected"]:
+            if _is_under(path, root):
+                raise PermissionError(f"{event} on {raw} {NOT_ALLOWED} (the grader protects {root})")
 
 
 def _hook(event: str, args) -> None:
