@@ -17,7 +17,7 @@ and ``v`` (Rajbhandari et al., *ZeRO*, 2020). Mixed precision saves time and act
 not model-state memory.
 
 With data parallelism (DDP) every rank holds all of it: 16 bytes per parameter, a 7B model
-needs 112 GB per rank before a single activation. ZeRO removes the redundancy across the
+needs 112e9 bytes (104 GiB) per rank before a single activation. ZeRO removes the redundancy across the
 ``N`` ranks, one kind at a time: stage 1 shards the optimizer state, stage 2 the gradients
 too, stage 3 the parameters as well, so each rank keeps ``1/N`` of what is sharded
 (:func:`bytes_per_parameter`, :func:`model_state_theory`). :mod:`distlab.tools.memory` counts
