@@ -16,7 +16,7 @@ micro-batches per step per pipeline, vocabulary ``V``):
   that TP splits and ``6 h`` (LayerNorms, two biases) it replicates (Shoeybi et al., 2019,
   "Megatron-LM", §3); PP gives each stage ``L / pp`` blocks, the embedding to the first
   stage and the output layer to the last (:meth:`Model.params_on_rank`).
-* **Activations** (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large
+* **Activations** (Korthikanti et al., 2023, "Reducing Activation Recomputation in Large
   Transformer Models", Table 2), bytes per layer per micro-batch in 16-bit:
   ``s b h (34 + 5 a s / h)`` without TP; ``s b h (10 + 24/t + 5 a s / (h t))`` with TP;
   ``s b h / t (34 + 5 a s / h)`` with TP and sequence parallelism; ``34 s b h / t`` with
@@ -162,7 +162,7 @@ class Cluster:
 
     gpus: int
     gpus_per_node: int = 8
-    memory: float = 80 * GiB
+    memory: float = 80 * GiB              # an H100's HBM (sold as "80GB"); ~76 GiB of it is left for tensors
     intra_bandwidth: float = 450e9        # NVLink 4 on H100 SXM, per direction (chapter 2's cost model)
     inter_bandwidth: float = 25e9         # one 200 Gb/s network port per GPU
     flops: float = 989e12                 # H100 dense bf16
@@ -205,7 +205,7 @@ def micro_batches(training: Training, dp: int) -> int:
 # -- the formulas ---------------------------------------------------------------------------------
 
 def activation_bytes_per_layer(model: Model, training: Training, tp: int = 1) -> float:
-    """Korthikanti et al. (2022), Table 2: activations one layer keeps for one micro-batch."""
+    """Korthikanti et al. (2023), Table 2: activations one layer keeps for one micro-batch."""
     s, b, h, a = model.seq, training.micro_batch, model.hidden, model.heads
     sbh, sp = s * b * h, training.sequence_parallel
     if training.recompute == "full":

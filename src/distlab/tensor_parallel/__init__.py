@@ -37,7 +37,7 @@ function                                   forward                        backwa
 ``reduce_scatter_to_sequence_region``  reduce-scatter along sequence  all-gather along sequence
 =========================================  =============================  =============================
 
-The last pair is **sequence parallelism** (Korthikanti et al., 2022): between two
+The last pair is **sequence parallelism** (Korthikanti et al., 2023): between two
 tensor-parallel regions (LayerNorm, residual adds, dropout), activations are replicated on
 every rank: wasted memory. Instead, keep them split along the *sequence*, and replace each
 all-reduce by a reduce-scatter (into sequence shards) and each identity-before-a-column-layer

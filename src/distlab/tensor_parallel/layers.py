@@ -40,7 +40,7 @@ class _GatherThenLinear(torch.autograd.Function):
     *gathered* input for the weight gradient: a full ``(batch, seq, in)`` tensor on every
     rank, the very replication sequence parallelism set out to remove. Here forward saves
     only this rank's sequence shard, and backward gathers it again when the weight gradient
-    needs it: one more all-gather, for ``1/N`` of the memory (Korthikanti et al., 2022).
+    needs it: one more all-gather, for ``1/N`` of the memory (Korthikanti et al., 2023).
     """
 
     @staticmethod
