@@ -236,15 +236,18 @@ def test_term_spelling_check_tells_the_word_from_the_term():
         assert check(bad), bad
 
 
-_MD_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+\.md)\)")
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 
 
 def test_every_exercise_notebook_links_back_to_the_pages_it_rests_on():
     """A student who opens an exercise on the hub finds the way back to the book: the intro
     links every page of its chapter, and every task and concept block names the pages that
-    explain it. Links are relative .md paths: in JupyterLab they open the page's source in
-    the student's clone; in the rendered book they become links to the pages (a broken one
-    fails the -W build)."""
+    explain it. Each link is the page's published address (``html.baseurl`` of _config.yml
+    and the page's path, ``.html``): on the hub it opens the rendered page with its figures,
+    where a relative ``.md`` path would open the MyST source in JupyterLab
+    (scripts/link_notebooks_to_book.py writes them)."""
+    base = CONFIG["html"]["baseurl"]
+    assert base.startswith("https://") and base.endswith("/"), "html.baseurl: the book's published address"
     toc_pages = {f for f in toc_files() if f.startswith("book/")}
     problems = []
     for path in sorted((REPO / "notebooks").glob("*/*.ipynb")):
@@ -253,23 +256,45 @@ def test_every_exercise_notebook_links_back_to_the_pages_it_rests_on():
         linked = {}
         for cell in cells:
             grade_id = cell["metadata"].get("nbgrader", {}).get("grade_id", "")
-            if cell["cell_type"] != "markdown" or not (grade_id == "intro" or grade_id.endswith("-text")):
+            if cell["cell_type"] != "markdown":
+                continue
+            links = [target for _, target in _LINK.findall("".join(cell["source"]))]
+            problems += [f"{slug}/{grade_id}: {target} opens the page's source, not the published page"
+                         for target in links if target.partition("#")[0].endswith(".md")]
+            if not (grade_id == "intro" or grade_id.endswith("-text")):
                 continue
             targets = []
-            for _, target in _MD_LINK.findall("".join(cell["source"])):
-                page = PurePosixPath("notebooks", slug, target)
-                resolved = Path(REPO, page).resolve().relative_to(REPO).with_suffix("").as_posix()
-                if resolved not in toc_pages:
+            for target in links:
+                address = target.partition("#")[0]
+                if not (address.startswith(base) and address.endswith(".html")):
+                    continue
+                docname = address[len(base):-len(".html")]
+                if docname not in toc_pages:
                     problems.append(f"{slug}/{grade_id}: {target} is not a page of the book")
-                targets.append(resolved)
+                targets.append(docname)
             linked[grade_id] = targets
             if not targets:
-                problems.append(f"{slug}/{grade_id}: links no page of the book")
+                problems.append(f"{slug}/{grade_id}: links no page of the book at {base}")
         chapter = sorted(f for f in toc_pages if f.startswith(f"book/{slug}/") and not f.endswith("/index"))
         missing = set(chapter) - set(linked.get("intro", []))
         if missing:
             problems.append(f"{slug}: the intro does not link {sorted(missing)}")
     assert not problems, "\n".join(problems)
+
+
+def test_notebook_links_follow_the_configured_address():
+    """The rewriting script turns a source link and another copy's address into this book's."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import link_notebooks_to_book as relinking
+
+    base = "https://courses.example/distlab/"
+    text = ("[a](../../book/04-zero-fsdp/memory.md), [b](https://old.example/x/book/03-ddp/overlap.html#hooks), "
+            "[c](https://pytorch.org/docs/stable/fsdp.html)")
+    assert relinking.relink(text, base) == (
+        "[a](https://courses.example/distlab/book/04-zero-fsdp/memory.html), "
+        "[b](https://courses.example/distlab/book/03-ddp/overlap.html#hooks), "
+        "[c](https://pytorch.org/docs/stable/fsdp.html)")
+    assert relinking.published_base() == CONFIG["html"]["baseurl"]
 
 
 def test_config_keeps_tools_and_solutions_out_of_the_sources():
@@ -970,7 +995,7 @@ def test_data_parallel_widget_renders_from_embedded_state_and_reacts(built_book,
                ".filter(e => e.offsetParent !== null); return v.length === 1 ? "
                "{...v[0].dataset} : null; })()")
     shown = browser.wait_for(visible)
-    assert shown == {"globalBatch": "64", "worldSize": "2", "microBatch": "32"}
+    assert shown == {"globalBatch": "64", "worldSize": "2", "localBatch": "32"}
     browser.evaluate("document.querySelector('.dp-split').scrollIntoView({block: 'center'})")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.screenshot(ARTIFACTS / "widget-before.png")
@@ -983,10 +1008,10 @@ def test_data_parallel_widget_renders_from_embedded_state_and_reacts(built_book,
         }})()""")
 
     click("ranks", "4")
-    assert browser.wait_for(visible + "?.worldSize === '4' && " + visible)["microBatch"] == "16"
+    assert browser.wait_for(visible + "?.worldSize === '4' && " + visible)["localBatch"] == "16"
     click("global batch", "256")
     shown = browser.wait_for(visible + "?.globalBatch === '256' && " + visible)
-    assert shown == {"globalBatch": "256", "worldSize": "4", "microBatch": "64"}
+    assert shown == {"globalBatch": "256", "worldSize": "4", "localBatch": "64"}
     browser.screenshot(ARTIFACTS / "widget-after.png")
 
 
