@@ -1,0 +1,152 @@
+"""A notebook opened by its URL starts its kernel without asking (hub/jupyter/course_sessions.py).
+
+What it closes, reproduced on purpose: JupyterLab starts a notebook's kernel by itself only if
+it holds the server's kernel specs when the notebook opens. It asks for them once as the page
+loads (``GET /api/kernelspecs``); if that request fails (a busy node, a proxy that drops it),
+its spec manager keeps none until its next poll a minute later, and the notebook opens with
+"Select Kernel", "No Kernel" preselected. The browser here drops every answer to
+``/api/kernelspecs``. Without the extension the dialog appears (checked too, so the test
+knows it still reproduces the problem); with it the kernel is running before the page loads,
+JupyterLab connects to it and never asks.
+
+A real JupyterLab server (the course environment's, with the hub's Jupyter settings from
+hub/jupyter) on loopback, driven by Debian's Chromium; both are this test's children and are
+ended with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from book_browser import CHROMIUM_ARGS, find_chromium
+from hub_support import demo
+from playwright.sync_api import expect, sync_playwright
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "artifacts" / "course-sessions"
+TOKEN = "course-sessions-test"
+
+
+@pytest.fixture
+def jupyter_server(tmp_path):
+    """Start ``jupyter lab`` with the hub's settings, with or without ``course_sessions``."""
+    started = []
+
+    def start(with_course_sessions: bool) -> str:
+        root = tmp_path / f"root-{len(started)}"
+        root.mkdir()
+        for name, kernel in (("chapter.ipynb", "python3"), ("odd-kernel.ipynb", "not-installed")):
+            (root / name).write_text(json.dumps(notebook(kernel)))
+        port = demo.free_port()
+        switch = [] if with_course_sessions else ["--ServerApp.jpserver_extensions=course_sessions=False"]
+        env = dict(os.environ, JUPYTER_CONFIG_PATH=f"{REPO / 'hub' / 'jupyter'}:{Path(sys.prefix) / 'etc' / 'jupyter'}",
+                   JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"))
+        log = (tmp_path / f"server-{len(started)}.log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+             "--ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}", *switch],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=5)
+                return url
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"jupyter lab did not answer:\n{log.name}") from None
+                time.sleep(0.3)
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def notebook(kernel: str) -> dict:
+    """A notebook as the course releases them: one code cell, the kernel named in its metadata."""
+    return {"cells": [{"cell_type": "code", "execution_count": None, "id": "first", "metadata": {},
+                       "outputs": [], "source": "import torch"}],
+            "metadata": {"kernelspec": {"name": kernel, "display_name": kernel, "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def sessions(url: str) -> dict[str, str]:
+    with urllib.request.urlopen(f"{url}/api/sessions?token={TOKEN}", timeout=10) as answer:
+        return {s["path"]: s["kernel"]["name"] for s in json.load(answer)}
+
+
+def open_without_kernelspecs(url: str, notebook: str, shot: str):
+    """Open ``notebook`` in Chromium, every request for /api/kernelspecs failing.
+
+    Returns what the student sees once the notebook has settled: the dialog's title (or None)
+    and whether the status bar shows a running kernel, idle.
+    """
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+
+            page.route("**/api/kernelspecs*", lambda route: route.abort("connectionreset"))
+            page.goto(f"{url}/lab/tree/{notebook}?token={TOKEN}")
+            expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+            # Settled: either a dialog asks, or the kernel is running and idle.
+            dialog = page.locator(".jp-Dialog")
+            # the status bar names the running kernel and its state ("python3 | Idle"; "No Kernel"
+            # when there is none); the toolbar's execution indicator reads 'idle' with no kernel at all
+            idle = page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"^(?!No Kernel).+ \| Idle$"))
+            expect(dialog.or_(idle).first).to_be_visible(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / shot))
+            title = dialog.locator(".jp-Dialog-header").first.inner_text().strip() if dialog.count() else None
+            return title, idle.count() == 1
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_without_the_extension_a_lost_kernelspecs_answer_makes_jupyterlab_ask_for_a_kernel(jupyter_server):
+    """The problem, reproduced: what a student met on a loaded node."""
+    url = jupyter_server(with_course_sessions=False)
+    title, idle = open_without_kernelspecs(url, "chapter.ipynb", "without-extension.png")
+    assert title == "Select Kernel", f"no kernel dialog (but {title!r}): the test no longer reproduces the problem"
+    assert not idle
+    assert sessions(url) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_notebook_opened_by_its_url_has_its_kernel_before_jupyterlab_asks(jupyter_server):
+    url = jupyter_server(with_course_sessions=True)
+    title, idle = open_without_kernelspecs(url, "chapter.ipynb", "with-extension.png")
+    assert title is None, f"JupyterLab asked the student: {title!r}"
+    assert idle, "the notebook's kernel is not running"
+    assert sessions(url) == {"chapter.ipynb": "python3"}
+
+    # A notebook naming a kernel this server lacks gets the server's default kernel; a path
+    # that is no notebook starts nothing; opening the same notebook again starts no second kernel.
+    for path in ("odd-kernel.ipynb", "missing.ipynb", "chapter.ipynb"):
+        with urllib.request.urlopen(f"{url}/lab/tree/{path}?token={TOKEN}", timeout=30) as answer:
+            assert answer.status == 200
+    assert sessions(url) == {"chapter.ipynb": "python3", "odd-kernel.ipynb": "python3"}
+
+    # The route still asks who is there: without the token, no session and no page.
+    request = urllib.request.Request(f"{url}/lab/tree/odd-kernel.ipynb")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert "/login" in answer.url
