@@ -59,10 +59,20 @@ def run_cell(page, cell, tries: int = 3) -> None:
     expect(prompt).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=120_000)
 
 
+def expect_kernel_idle(page, timeout: float = 60_000) -> None:
+    """Wait until the open notebook's kernel is running and idle, as JupyterLab's status bar
+    says ("python3 | Idle"). The toolbar's execution indicator is no proof: it reads 'idle'
+    with no kernel at all."""
+    status = page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"^(?!No Kernel).+ \| Idle$"))
+    expect(status).to_be_visible(timeout=timeout)
+
+
 # JupyterLab dialogs a loaded machine can raise while a notebook opens, and the answer a
-# student gives each: a slow kernelspec request leaves the kernel unchosen ("Select Kernel":
-# the notebook's own kernel is preselected, accept it); a request that timed out shows
-# "Server Connection Error" (dismiss: the next request goes through).
+# student gives each: a request that timed out shows "Server Connection Error" (dismiss: the
+# next request goes through); a notebook opened from inside JupyterLab (the Assignments tab)
+# while the kernel specs are missing shows "Select Kernel" (accept the preselected kernel).
+# A notebook opened by its URL (the launch link) never asks: the server has started its kernel
+# before the page loads (hub/jupyter/course_sessions.py), and test_hub asserts no dialog there.
 KNOWN_DIALOGS = {"Select Kernel": ".jp-mod-accept", "Server Connection Error": ".jp-mod-reject, .jp-mod-accept"}
 
 

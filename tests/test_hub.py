@@ -163,7 +163,11 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
                       timeout=120_000)
     notebook = page.locator(".jp-NotebookPanel:visible")
     expect(notebook.locator(".jp-Cell").first).to_be_visible(timeout=60_000)
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_visible(timeout=60_000)
+    hub_support.expect_kernel_idle(page)  # started with the page: no "Select Kernel" (hub/jupyter/course_sessions.py)
+    assert not page.locator(".jp-Dialog").count(), page.locator(".jp-Dialog").first.inner_text()
+    server_log = (home / f"jupyterhub-slurm-{job}.log").read_text()
+    assert ("course_sessions: started kernel 'python3' for distlab/notebooks/00-first-steps/00-first-steps.ipynb"
+            in server_log), server_log[-3000:]
     page.screenshot(path=str(ARTIFACTS / "04-chapter-0-opened.png"))
     assert (home / "distlab" / "notebooks" / "00-first-steps" / "00-first-steps.ipynb").exists()
     assert (home / "distlab").stat().st_uid == (home).stat().st_uid, "the clone is not the student's"
@@ -183,9 +187,14 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     torchrun_folders = set(Path("/tmp").glob("torchelastic_*"))
     page.keyboard.insert_text('%%distributed -n 2\nimport os\nprint("runs on", os.environ["SLURMD_NODENAME"])')
     page.keyboard.press("Shift+Enter")
-    output = notebook.locator(".jp-OutputArea-output", has_text="runs on")
-    expect(output.first).to_contain_text("[rank 1]", timeout=120_000)
-    text = " ".join(output.all_inner_texts())
+    # Wait for what is asserted: the cell has finished and both ranks' lines are in its output
+    # (each rank prints when it gets there; the first line shown says nothing of the second).
+    ranks_cell = notebook.locator(".jp-CodeCell", has_text="%%distributed -n 2")
+    expect(ranks_cell.locator(".jp-InputArea-prompt")).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=120_000)
+    output = ranks_cell.locator(".jp-OutputArea")
+    for rank in (0, 1):
+        expect(output).to_contain_text(re.compile(rf"\[rank {rank}\][^\n]*runs on \S+"))
+    text = output.inner_text()
     page.screenshot(path=str(ARTIFACTS / "05-ranks-on-two-nodes.png"))
     nodes = dict(re.findall(r"\[rank (\d)\][^\n]*runs on (\S+)", text))
     assert set(nodes) == {"0", "1"} and len(set(nodes.values())) == 2, text
