@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # This machine's pip configuration prints a harmless warning per package; keep the log readable.
 QUIET_PIP := grep -v '^WARNING: Location' || true
 
-.PHONY: venv system-deps lint test test-fast book bench clean hub hub-clean
+.PHONY: venv system-deps lint test test-fast test-repeat book bench clean hub hub-clean
 
 venv: $(STAMP)
 
@@ -51,6 +51,23 @@ BYTECODE := $(PY) -m compileall -q src
 test: $(STAMP) system-deps lint $(PROXY)
 	$(BYTECODE)
 	$(PY) -m pytest -n 2 --dist loadfile --durations=30
+
+# The browser and hub tests, N runs in a row, to see whether they pass every time (a test that
+# passes 4 runs in 5 fails CI one time in 5). Each run is a new pytest process: its hub, Slurm
+# cluster, browser and book are started anew. Logs: artifacts/repeat/run-K.log.
+#   make test-repeat FILES="tests/test_hub.py tests/test_exchange.py" N=5
+N ?= 5
+FILES ?= tests/test_hub.py tests/test_exchange.py tests/test_course_sessions.py
+test-repeat: $(STAMP) system-deps $(PROXY)
+	$(BYTECODE)
+	@mkdir -p artifacts/repeat; failed=0; \
+	for run in $$(seq 1 $(N)); do \
+		start=$$(date +%s); log=artifacts/repeat/run-$$run.log; \
+		if $(PY) -m pytest -p no:cacheprovider $(FILES) > $$log 2>&1; then verdict=passed; \
+		else verdict=FAILED; failed=$$((failed + 1)); fi; \
+		echo "run $$run of $(N): $$verdict in $$(( $$(date +%s) - start )) s: $$(tail -n 1 $$log)"; \
+	done; \
+	echo "$(FILES): $$(( $(N) - failed )) of $(N) runs passed"; test $$failed -eq 0
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
 test-fast: $(STAMP)
