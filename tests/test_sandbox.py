@@ -179,6 +179,53 @@ def test_ranks_in_the_sandbox_talk_over_its_private_loopback(tmp_path):
     assert "cannot be retrieved" not in done.stderr  # the sandbox's hosts file names its loopback
 
 
+PEEK = r"""
+import json, os, sys
+parent, fd = os.getppid(), int(sys.argv[1])
+attempts = {
+    "its folder": lambda: os.readlink(f"/proc/{parent}/cwd"),
+    "its descriptors": lambda: os.listdir(f"/proc/{parent}/fd"),
+    "a pipe of its own": lambda: os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY),
+    "its memory": lambda: os.open(f"/proc/{parent}/mem", os.O_RDONLY),
+}
+got = {}
+for what, attempt in attempts.items():
+    try:
+        attempt()
+        got[what] = "read"
+    except OSError as exc:
+        got[what] = exc.strerror
+print(json.dumps(got))
+"""
+PEEK_AT_THE_PARENT = r"""
+import os, subprocess, sys
+from distlab.grade import limits
+
+if sys.argv[1] == "undumpable":
+    limits.make_undumpable()
+secret_in, secret_out = os.pipe()
+done = subprocess.run([sys.executable, "-c", sys.argv[2], str(secret_out)], capture_output=True, text=True)
+print(done.stdout.strip() or done.stderr)
+"""
+
+
+def test_ranks_cannot_peek_into_an_undumpable_clean_room(tmp_path):
+    """The clean room's ranks run as its user: without ``make_undumpable`` a child reads its
+    parent's folder, descriptors (the verdict's pipe) and memory (the hidden tests) through
+    /proc; with it, none of them."""
+    tmp_path.chmod(0o755)
+    bubblewrap.hand_over(str(tmp_path))
+    seen = {}
+    for mode in ("dumpable", "undumpable"):
+        done = subprocess.run(bubblewrap.command([sys.executable, "-c", PEEK_AT_THE_PARENT, mode, PEEK],
+                                                 writable=[str(tmp_path)], cwd=str(tmp_path)),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        seen[mode] = json.loads(done.stdout)
+    assert set(seen["dumpable"].values()) == {"read"}, seen  # the sandbox alone does not stop it
+    assert "read" not in seen["undumpable"].values(), seen
+
+
 def test_killing_the_sandbox_ends_every_process_in_it(tmp_path):
     marker = f"distlab-sandbox-marker-{time.monotonic_ns()}"
     program = ("import subprocess, sys, time\n"
@@ -286,6 +333,33 @@ def test_a_submission_escaping_through_ctypes_scores_zero_and_leaves_the_class_i
                  "/gradebook.db"):
         assert not os.path.exists(path), f"{path} was written by a graded submission"
     assert course.integrity() == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_rank_cannot_forge_the_clean_rooms_verdict(tmp_path):
+    """grader/hostile/forge_verdict.py graded between two honest students: its ranks write a
+    verdict of "all passed" where the grader used to read it (raw libc calls: past any Python
+    guard), then kill the clean room. Its every answer is wrong, so any point it gets was forged."""
+    sys.path.insert(0, str(REPO / "grader" / "hostile"))
+    import build as hostile
+
+    spec = hostile.specs()["forge_verdict"]
+    course = Course(tmp_path / "work")
+    release = course.release()
+    incoming = fresh_dir(tmp_path / "incoming")
+    for student in ("aa-honest", "zz-honest"):
+        course.submit(incoming, student, with_answers(release, solution_answers(SLUG)))
+    course.submit(incoming, "mm-forger", hostile.build(spec, str(release)))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    course.grade("autograde", SLUG)
+
+    scores = course.scores()
+    full = course.max_scores()
+    assert scores["aa-honest"] == full and scores["zz-honest"] == full, course.log
+    assert scores["mm-forger"] == {cell: 0.0 for cell in full}, course.log
+    graded = (course.work / "autograded" / "mm-forger" / SLUG / f"{SLUG}.ipynb").read_text()
+    assert "the clean room ended with" in graded, course.log
 
 
 def test_the_grader_leaves_no_zombie_of_a_killed_sandbox():

@@ -1,9 +1,10 @@
 """The clean room: run a notebook's test cells in a process that never runs student code.
 
-``python -m distlab.grade.cleanroom JOB.json VERDICT.json``, started by the nbgrader plugin
+``python -m distlab.grade.cleanroom VERDICT_FD``, started by the nbgrader plugin
 :class:`distlab.grade.nbplugins.CleanRoomTests` once per notebook, in a fresh temporary
-folder. ``JOB.json`` holds the notebook's cells (the student's, as submitted) and, from the
-gradebook, the instructor's locked cells and test cells. For every test cell, in order:
+folder. The job comes on its standard input, a pipe from the grader: the notebook's cells
+(the student's, as submitted) and, from the gradebook, the instructor's locked cells and
+test cells. For every test cell, in order:
 
 1. The instructor's locked cells above it (imports, helpers) run *here*: they are trusted.
 2. The test cell runs here too, in a namespace where every name the student defined is a
@@ -22,7 +23,16 @@ draw their inputs from a seed chosen here (:func:`distlab.grade.checks.grading_s
 
 When everything is done, every process left below this one is killed (this process is a
 child subreaper, so escaped grandchildren are below it too), and only then is the verdict
-file written.
+written, to descriptor ``VERDICT_FD``: the write end of another pipe of the grader.
+
+Why pipes and not files: the ranks run the student's code as the same user as this process,
+in the same folder. A verdict file there could be written first by a rank (the grader once
+read one forged that way), and a job file could be read. A pipe's ends are descriptors: the
+ranks never get them (the job's is replaced by ``/dev/null`` once read, the verdict's is not
+inherited), and this process is not dumpable (:func:`distlab.grade.limits.make_undumpable`),
+so a rank cannot reach them through ``/proc/<pid>/fd`` either, nor read the hidden tests from
+``/proc/<pid>/mem``. The grader also takes a verdict only from a clean room that exited with
+status 0: a rank that kills it leaves its notebook without one.
 """
 
 from __future__ import annotations
@@ -289,18 +299,24 @@ def grade(job: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """``python -m distlab.grade.cleanroom VERDICT_FD``: the job on standard input, the verdict
+    written to descriptor ``VERDICT_FD`` (both pipes of the grader, see the module docstring)."""
     from distlab.grade import limits
 
-    job_path, verdict_path = argv
+    verdict_fd = int(argv[0])
+    limits.make_undumpable()             # before the hidden tests are in memory
+    os.set_inheritable(verdict_fd, False)  # the ranks it starts do not get the verdict's pipe
     limits.become_subreaper()
-    job = json.loads(open(job_path).read())
-    os.unlink(job_path)  # the ranks must not read the tests (the folder is protected too)
+    job = json.loads(sys.stdin.buffer.read())
+    nothing = os.open(os.devnull, os.O_RDONLY)  # nor the job's
+    os.dup2(nothing, 0)
+    os.close(nothing)
     try:
         verdicts = grade(job)
     finally:
         limits.kill_descendants()
-    with open(verdict_path, "w") as f:
-        json.dump(verdicts, f)
+    with os.fdopen(verdict_fd, "w") as channel:
+        json.dump(verdicts, channel)
     return 0
 
 

@@ -77,6 +77,26 @@ def apply(memory_mb: int | None = None, processes: int | None = None, output_mb:
         Watchdog(processes, wall_s, label).start()
 
 
+def make_undumpable() -> bool:
+    """Close this process to the other processes of its user (Linux; else False).
+
+    ``prctl(PR_SET_DUMPABLE, 0)``: its ``/proc/<pid>/`` entries (``mem``, ``fd``, ``cwd``,
+    ``environ``) become root's, and ``ptrace`` is refused, even to processes of the same user.
+    The clean room does it first thing: its ranks run as the same user, and must not read
+    the hidden tests from its memory or reach the descriptor its verdict leaves on. (The
+    setting does not pass to the programs it starts: a rank is dumpable again.)
+    """
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+
+
+_PR_SET_DUMPABLE = 4
+
+
 def descendants() -> list:
     """Live descendants of this process (zombies excluded), as psutil handles."""
     import psutil

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from jupyter_client.manager import AsyncKernelManager
@@ -202,25 +203,33 @@ class CleanRoomTests(NbGraderPreprocessor):
         return nb, resources
 
     def run_clean_room(self, job: dict, n_tests: int) -> tuple[dict, str | None]:
-        """Start the clean-room process; return its verdicts (``{}`` and why, if it failed)."""
+        """Start the clean-room process; return its verdicts (``{}`` and why, if it failed).
+
+        The job (hidden tests included) goes to it on a pipe, its standard input, and the
+        verdict comes back on another, never through a file its ranks could read or write
+        (see :mod:`distlab.grade.cleanroom`). A verdict counts only if it exited with status 0.
+        """
         processes.become_subreaper()
         budget = n_tests * self.test_timeout_s + 60
         with tempfile.TemporaryDirectory(prefix="distlab-cleanroom-") as room:
             os.chmod(room, 0o700)
-            job_path, verdict_path = os.path.join(room, "job.json"), os.path.join(room, "verdict.json")
-            with open(job_path, "w") as f:
-                json.dump(job, f)
+            verdict_in, verdict_out = os.pipe()
             start = time.monotonic()
             # Its own session (the grader can end it and its ranks as one group), and it dies
             # with us: if the grader is killed, nothing it started grades on.
-            argv = [sys.executable, "-m", "distlab.grade.cleanroom", job_path, verdict_path]
+            argv = [sys.executable, "-m", "distlab.grade.cleanroom", str(verdict_out)]
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
                 argv = bubblewrap.command(argv, writable=[room], cwd=room)
-            proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.DEVNULL,
-                                    preexec_fn=processes.die_with_parent)
+            try:
+                proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
+                                        pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)
+            finally:
+                os.close(verdict_out)  # the clean room holds the only write end now
+            reader = _PipeReader(verdict_in)
             problem = None
             try:
+                _send(proc, json.dumps(job).encode())
                 proc.wait(timeout=budget)
             except subprocess.TimeoutExpired:
                 problem = f"the clean room did not finish within {budget} s"
@@ -229,11 +238,43 @@ class CleanRoomTests(NbGraderPreprocessor):
             finally:
                 limits.kill_descendants()
             self.log.info("Clean room finished in %.1f s", time.monotonic() - start)
+            answer = reader.result(timeout=10)
+            if problem is None and proc.returncode != 0:
+                problem = f"the clean room ended with code {proc.returncode}, so its verdict does not count"
+            if problem is not None:
+                return {}, problem
             try:
-                with open(verdict_path) as f:
-                    return json.load(f), None
-            except (OSError, ValueError) as exc:
-                return {}, problem or f"the clean room ended with code {proc.returncode} and no verdict ({exc})"
+                return json.loads(answer), None
+            except ValueError as exc:
+                return {}, f"the clean room ended with no readable verdict ({exc})"
+
+
+def _send(proc: subprocess.Popen, data: bytes) -> None:
+    """Write ``data`` to the process's standard input and close it (a process that died first: nothing)."""
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+class _PipeReader(threading.Thread):
+    """Reads a pipe to its end in the background (a verdict larger than the pipe's buffer
+    would otherwise block the clean room while the grader waits for it to exit)."""
+
+    def __init__(self, fd: int):
+        super().__init__(daemon=True)
+        self.fd, self.chunks = fd, []
+        self.start()
+
+    def run(self) -> None:
+        with os.fdopen(self.fd, "rb") as pipe:
+            while chunk := pipe.read(1 << 16):
+                self.chunks.append(chunk)
+
+    def result(self, timeout: float) -> bytes:
+        self.join(timeout)
+        return b"".join(self.chunks)
 
 
 class ExpectHiddenTests(OverwriteCells):
