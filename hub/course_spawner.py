@@ -21,6 +21,7 @@ import time
 from urllib.parse import urlsplit, urlunsplit
 
 from batchspawner import SlurmSpawner
+from jupyterhub.spawner import SpawnException
 from traitlets import Dict, Integer, Unicode, default
 
 PROFILES = {
@@ -30,8 +31,15 @@ PROFILES = {
 RUNTIMES = {"00:30:00": "30 minutes", "01:00:00": "1 hour", "02:00:00": "2 hours"}
 
 
-class SpawnRefused(RuntimeError):
-    """Raised with a message meant for the student (JupyterHub shows it on the spawn page)."""
+class SpawnRefused(SpawnException):
+    """A refusal meant for the student: JupyterHub shows ``message`` on the spawn page as it
+    is, and logs it as one line ("Not starting ...'s server"), the way it logs every
+    ``SpawnException``: an expected refusal (a full or closed queue, a form filled in by hand),
+    not a crash that needs a traceback. ``reason`` labels it in JupyterHub's metrics."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message, reason=reason)
+        self.jupyterhub_message = message  # shown without the "400 SpawnRefused(...)" prefix
 
 
 class CourseSlurmSpawner(SlurmSpawner):
@@ -69,12 +77,22 @@ class CourseSlurmSpawner(SlurmSpawner):
         """
         profile, runtime = user_options.get("profile"), user_options.get("runtime", "00:30:00")
         if profile not in self.profiles:
-            raise SpawnRefused(f"unknown profile {profile!r}: pick one of {', '.join(self.profiles)}")
+            raise SpawnRefused(f"unknown profile {profile!r}: pick one of {', '.join(self.profiles)}", "options")
         if runtime not in RUNTIMES:
-            raise SpawnRefused(f"unknown time limit {runtime!r}: pick one of {', '.join(RUNTIMES)}")
+            raise SpawnRefused(f"unknown time limit {runtime!r}: pick one of {', '.join(RUNTIMES)}", "options")
         chosen = self.profiles[profile]
         return {"runtime": runtime, "nodes": str(chosen["nodes"]), "tasks_per_node": str(chosen["tasks_per_node"]),
                 "cpus_per_task": str(chosen["cpus_per_task"]), "profile_options": chosen.get("options", "")}
+
+    @default("db")
+    def _shared_db_session(self):
+        """The hub's database session, handed over without JupyterHub's deprecation warning.
+
+        batchspawner 1.3 commits the server's address through ``Spawner.db`` once the job runs;
+        JupyterHub 5+ still provides that session but warns, in the hub's log, at every spawn.
+        The warning is addressed to batchspawner's authors, not to whoever reads the log.
+        """
+        return self._deprecated_db_session
 
     @default("apply_user_options")
     def _check_user_options(self):
@@ -120,7 +138,7 @@ class CourseSlurmSpawner(SlurmSpawner):
                     f"the queue (Slurm's reason: {reason}) and has been cancelled. "
                     + ("The partition is down: try again later or ask your instructor."
                        if reason.startswith("Partition") else "The cluster is busy: try again later "
-                       "or pick a smaller profile."))
+                       "or pick a smaller profile."), "queue")
         return task.result()
 
     async def progress(self):

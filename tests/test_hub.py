@@ -156,6 +156,7 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     job = jobs[0][0]
     home = Path(f"/home/{student}")
     assert (home / f"jupyterhub-slurm-{job}.log").exists()
+    assert "Spawner.db is deprecated" not in Path(hub["log"]).read_text(), "a warning no operator can act on"
 
     # The book's launch button for chapter 0: nbgitpuller clones the course into the home.
     page.goto(demo.launch_link(hub["url"]))
@@ -273,6 +274,11 @@ def test_a_job_that_cannot_start_is_cancelled_and_the_student_told_why(hub, chro
         page.screenshot(path=str(ARTIFACTS / "09-spawn-failed-partition-down.png"))
         message = page.locator("body").inner_text()
         assert "PartitionDown" in message and "has been cancelled" in message, message
+        assert "400 SpawnRefused" not in message, message  # the student reads the sentence, not the class
+        # An expected refusal is one line of the hub's log, not an "Unhandled error" with a traceback.
+        log = Path(hub["log"]).read_text()
+        assert re.search(rf"Not starting {student}'s server .*PartitionDown", log), log[-3000:]
+        assert f"Unhandled error starting {student}'s server" not in log, log[-3000:]
         assert squeue(hub) == [], "the refused job is still in the queue"
         page.context.close()
     finally:
