@@ -41,7 +41,7 @@ from distlab.grade import nbplugins as _plugins  # noqa: E402
 
 c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
 
-WORK = _grading.work_dir(_REPO)
+WORK = _grading.private_work_dir(_REPO)  # 0700: its gradebook holds the hidden tests
 
 c.CourseDirectory.course_id = _grading.COURSE_ID
 c.CourseDirectory.root = _REPO

@@ -279,3 +279,26 @@ def test_multiple_choice_answers_are_spread_and_not_given_away_by_length():
     assert min(counts.values()) >= 2, f"correct letters over the chapters: {counts}"
     assert max(counts.values()) <= total // 2, counts
     assert longest <= total // 3, f"the correct option is the longest in {longest} of {total} questions"
+
+
+# -- the working folder --------------------------------------------------------------------------
+
+def test_the_grading_work_folder_is_the_instructors_alone(tmp_path):
+    """The work folder holds the gradebook, hence every hidden test: a grading command makes
+    it 0700 (before nbgrader writes anything in it) and closes one it finds open to others."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    new, old = tmp_path / "new" / "work", tmp_path / "old"
+    old.mkdir()
+    old.chmod(0o755)
+    for work in (new, old):
+        env = {**os.environ, "DISTLAB_GRADE_WORK": str(work)}
+        env.pop("DISTLAB_GRADE_DB_URL", None)
+        done = subprocess.run([sys.executable, "-m", "distlab.grade", "export"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (work / "gradebook.db").exists()
+        assert stat.S_IMODE(work.stat().st_mode) == 0o700, f"{work}: {oct(work.stat().st_mode)}"

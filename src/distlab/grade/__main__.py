@@ -58,7 +58,7 @@ OUTPUT: list[str] = []
 def nbgrader(*args: str) -> int:
     """Run ``nbgrader ARGS`` with the course config, streaming its log; return its exit code."""
     repo = config.repo_root()
-    os.makedirs(config.work_dir(), exist_ok=True)
+    config.private_work_dir()
     args = (*args, *EXTRA)
     command = [sys.executable, "-m", "nbgrader", *args]
     say("$ nbgrader " + " ".join(args))
@@ -124,7 +124,7 @@ def collect(slug: str, source: str) -> int:
     archive = os.path.join(config.work_dir(), "downloaded", slug, "archive")
     if os.path.isdir(archive):
         shutil.rmtree(archive)
-    os.makedirs(archive)
+    os.makedirs(archive, mode=0o700)
     entries = sorted(os.listdir(source))
     for name in entries:
         path = os.path.join(source, name)

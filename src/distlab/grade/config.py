@@ -33,6 +33,21 @@ def work_dir(repo: str | None = None) -> str:
     return os.path.abspath(os.environ.get("DISTLAB_GRADE_WORK") or os.path.join(repo or repo_root(), "grader", "work"))
 
 
+def private_work_dir(repo: str | None = None) -> str:
+    """The working folder, made if missing, and readable by its owner alone (mode 0700).
+
+    It holds the gradebook (with every hidden test), every submission and every graded
+    notebook, so nobody else may even list it. Made 0700, everything nbgrader creates inside
+    is out of other users' reach whatever their own modes; a folder found open to others
+    (made by an older distlab, or by hand with a umask of 022) is closed.
+    """
+    path = work_dir(repo)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
 DB_URL_VARIABLE = "DISTLAB_GRADE_DB_URL"
 _db_url: str | None = None
 
