@@ -22,7 +22,8 @@ What the rank-side pieces are, which tests and the clean room both use:
 
 * :mod:`distlab.grade.checks`: what tests assert (values, gradients against the reference,
   bytes on the wire, memory), with tolerances stated and messages safe to show;
-* :mod:`distlab.grade.forbid`: forbidden APIs (a reference or torch's built-in doing the work);
+* :mod:`distlab.grade.forbid`: forbidden APIs (a reference or torch's built-in doing the work),
+  and :mod:`distlab.grade.forbid_collectives`: a forbidden collective, at every layer that sends;
 * :mod:`distlab.grade.protect`: protected files and processes (an audit hook);
 * :mod:`distlab.grade.limits`: resource caps for one process (memory, processes, output, time).
 """

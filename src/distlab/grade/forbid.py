@@ -211,7 +211,7 @@ def forbid(*names: str) -> None:
     for name in names:
         short = name.removeprefix("torch.distributed.").removeprefix("dist.")
         if short in COLLECTIVES:
-            forbid_collective(short)
+            forbid_collective(short, raiser)
         elif _is_module(name):
             replacements.update(_forbid_module(name))
         else:

@@ -38,8 +38,6 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from distlab.grade.forbid import raiser
-
 # For each collective: (methods of the process group and backend objects, dispatcher
 # operators, functional collectives of the same name).
 COLLECTIVES = {
@@ -109,19 +107,23 @@ _libraries: dict = {}
 _kernels_in_place: set[tuple[str, str]] = set()
 
 
-def forbid_collective(op: str) -> None:
-    """Close ``op`` (a ``torch.distributed`` name such as ``"all_reduce"``) and its spellings."""
+def forbid_collective(op: str, raiser) -> None:
+    """Close ``op`` (a ``torch.distributed`` name such as ``"all_reduce"``) and its spellings.
+
+    ``raiser(label)`` makes the function that stands in for a forbidden one
+    (:func:`distlab.grade.forbid.raiser`: it raises ``ForbiddenError`` naming ``label``).
+    """
     for name in (op,) + SAME_COLLECTIVE.get(op, ()):
         methods, operators, functional = COLLECTIVES.get(name, ((), (), ()))
         label = f"torch.distributed.{name}"
-        _replace_functions(name, functional, label)
+        _replace_functions(name, functional, raiser, label)
         for method in methods:
-            _replace_method(method, label)
+            _replace_method(method, raiser, label)
         for operator in operators:
-            _replace_operator(operator, label)
+            _replace_operator(operator, raiser, label)
 
 
-def _replace_functions(name: str, functional: tuple, label: str) -> None:
+def _replace_functions(name: str, functional: tuple, raiser, label: str) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -137,7 +139,7 @@ def _replace_functions(name: str, functional: tuple, label: str) -> None:
             setattr(fc, fname, raiser(f"torch.distributed._functional_collectives.{fname} (behind {label})"))
 
 
-def _replace_method(method: str, label: str) -> None:
+def _replace_method(method: str, raiser, label: str) -> None:
     """On the process group's class, the backend's, and every subclass that has its own copy."""
     from torch._C._distributed_c10d import Backend, ProcessGroup
 
@@ -150,7 +152,7 @@ def _replace_method(method: str, label: str) -> None:
                     pass
 
 
-def _replace_operator(qualified: str, label: str) -> None:
+def _replace_operator(qualified: str, raiser, label: str) -> None:
     """``torch.ops``'s cached attribute, and the operator's kernel on every device."""
     import torch
 

@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from jupyter_client.manager import AsyncKernelManager
@@ -43,7 +42,7 @@ from nbgrader.preprocessors import (
 )
 from traitlets import Integer, List, Unicode
 
-from distlab.grade import bubblewrap, config, limits
+from distlab.grade import bubblewrap, config, limits, pipes
 from distlab.runtime import processes
 
 
@@ -226,10 +225,10 @@ class CleanRoomTests(NbGraderPreprocessor):
                                         pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)
             finally:
                 os.close(verdict_out)  # the clean room holds the only write end now
-            reader = _PipeReader(verdict_in)
+            reader = pipes.Reader(verdict_in)
             problem = None
             try:
-                _send(proc, json.dumps(job).encode())
+                pipes.send(proc, json.dumps(job).encode())
                 proc.wait(timeout=budget)
             except subprocess.TimeoutExpired:
                 problem = f"the clean room did not finish within {budget} s"
@@ -247,34 +246,6 @@ class CleanRoomTests(NbGraderPreprocessor):
                 return json.loads(answer), None
             except ValueError as exc:
                 return {}, f"the clean room ended with no readable verdict ({exc})"
-
-
-def _send(proc: subprocess.Popen, data: bytes) -> None:
-    """Write ``data`` to the process's standard input and close it (a process that died first: nothing)."""
-    try:
-        proc.stdin.write(data)
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-
-
-class _PipeReader(threading.Thread):
-    """Reads a pipe to its end in the background (a verdict larger than the pipe's buffer
-    would otherwise block the clean room while the grader waits for it to exit)."""
-
-    def __init__(self, fd: int):
-        super().__init__(daemon=True)
-        self.fd, self.chunks = fd, []
-        self.start()
-
-    def run(self) -> None:
-        with os.fdopen(self.fd, "rb") as pipe:
-            while chunk := pipe.read(1 << 16):
-                self.chunks.append(chunk)
-
-    def result(self, timeout: float) -> bytes:
-        self.join(timeout)
-        return b"".join(self.chunks)
 
 
 class ExpectHiddenTests(OverwriteCells):
