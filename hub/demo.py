@@ -33,6 +33,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -41,7 +43,7 @@ import accounts  # noqa: E402
 import slurm_cluster  # noqa: E402
 
 COURSE = "dlc"
-START_TIMEOUT = 60  # seconds for the hub to answer
+START_TIMEOUT = 180  # seconds for the hub to answer (a loaded machine, load average 15, took over 60)
 PUBLIC_REPO = "https://github.com/distlab-book/distlab"  # _config.yml's repository.url
 
 
@@ -187,6 +189,40 @@ def _end(proc: subprocess.Popen, grace: float = 15) -> None:
     proc.wait(timeout=10)
 
 
+def end_proxy(pid_file: Path, api_port: int, grace: float = 10) -> None:
+    """End the configurable-http-proxy our hub started, if the hub left it running.
+
+    JupyterHub starts its proxy in a session of its own (so ending the hub's process group
+    misses it) and stops it only on a clean shutdown: a hub killed, or ended while still
+    starting on a loaded machine, leaves it behind. It wrote the proxy's pid to ``pid_file``;
+    the process is ended only if it is still that proxy (its command line names the API port
+    we gave it), never a process that took the number since.
+    """
+    try:
+        proxy = psutil.Process(int(pid_file.read_text().strip()))
+        cmdline = proxy.cmdline()
+    except (OSError, ValueError, psutil.Error):
+        return
+    if not any("configurable-http-proxy" in arg for arg in cmdline) or str(api_port) not in cmdline:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proxy.pid, sig)  # its own session: the group is the proxy and its children
+        deadline = time.monotonic() + wait
+        while running(proxy) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not running(proxy):
+            return
+
+
+def running(proc: psutil.Process) -> bool:
+    """Still running: a zombie has ended, it only waits to be reaped."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _hub_answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/hub/login", timeout=2) as response:
@@ -232,10 +268,10 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     python = server_python(course_env, run_dir)
     passwords = accounts.create_accounts(course, students=students)
     with slurm_cluster.running_cluster(run_dir / "c") as cluster, git_mirror(run_dir, free_port()) as mirror:
-        port = free_port()
+        port, proxy_api_port = free_port(), free_port()
         env = dict(os.environ, SLURM_CONF=cluster["slurm_conf"], DISTLAB_HUB_STATE=str(state),
                    DISTLAB_HUB_COURSE=course, DISTLAB_HUB_PORT=str(port), DISTLAB_HUB_API_PORT=str(free_port()),
-                   DISTLAB_HUB_PROXY_API_PORT=str(free_port()), DISTLAB_HUB_COURSE_ENV=str(course_env),
+                   DISTLAB_HUB_PROXY_API_PORT=str(proxy_api_port), DISTLAB_HUB_COURSE_ENV=str(course_env),
                    DISTLAB_HUB_SERVER_PYTHON=str(python), DISTLAB_HUB_QUEUE_TIMEOUT=str(queue_timeout),
                    DISTLAB_HUB_PARTITION=cluster["partition"],
                    DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}", DISTLAB_HUB_EXCHANGE=str(exchange))
@@ -254,6 +290,7 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                    "grade_env": {"DISTLAB_GRADE_WORK": str(grading), "DISTLAB_GRADE_EXCHANGE": str(exchange)}}
         finally:
             _end(hub)
+            end_proxy(state / "proxy.pid", proxy_api_port)
 
 
 def launch_link(url: str, notebook: str = "notebooks/00-first-steps/00-first-steps.ipynb") -> str:

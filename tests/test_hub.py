@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -124,6 +125,49 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         cleaned = subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
     assert "removed 4 account(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
     assert not accounts.course_accounts(course)
+
+
+def test_a_proxy_left_by_a_hub_that_died_is_ended_and_no_other_process(tmp_path):
+    """JupyterHub starts configurable-http-proxy in a session of its own and stops it only when
+    it shuts down cleanly; a hub killed, or ended while still starting on a loaded machine, left
+    the proxy running for good. demo.end_proxy ends it from the hub's pid file, and only if that
+    pid is still the proxy with our API port (not a process that took the number since)."""
+    def start_proxy(api_port: int) -> subprocess.Popen:
+        proxy = subprocess.Popen([str(REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"),
+                                  "--ip", "127.0.0.1", "--port", str(demo.free_port()), "--api-ip", "127.0.0.1",
+                                  "--api-port", str(api_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)   # as JupyterHub starts it
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{api_port}/api/routes", timeout=2)
+            except urllib.error.HTTPError:
+                return proxy     # it answers (403: no token)
+            except OSError:
+                assert proxy.poll() is None and time.monotonic() < deadline, "the proxy did not start"
+                time.sleep(0.2)
+            else:
+                return proxy
+
+    pid_file = tmp_path / "proxy.pid"
+    ours, theirs = demo.free_port(), demo.free_port()
+    proxy, other_proxy = start_proxy(ours), start_proxy(theirs)
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        for pid in (bystander.pid, other_proxy.pid):    # the file names a process that is not our proxy
+            pid_file.write_text(f"{pid}\n")
+            demo.end_proxy(pid_file, ours)
+        assert bystander.poll() is None and other_proxy.poll() is None, "ended a process that was not ours"
+        pid_file.write_text(f"{proxy.pid}\n")
+        demo.end_proxy(pid_file, ours)
+        assert proxy.wait(timeout=5) is not None
+        demo.end_proxy(pid_file, ours)                  # again, with the proxy gone: nothing to do
+        demo.end_proxy(tmp_path / "no-such.pid", ours)  # a hub that never started one
+    finally:
+        for proc in (proxy, other_proxy, bystander):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
 
 
 def test_wrong_password_and_unknown_user_are_refused_and_nothing_spawns(hub, chromium):
