@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # This machine's pip configuration prints a harmless warning per package; keep the log readable.
 QUIET_PIP := grep -v '^WARNING: Location' || true
 
-.PHONY: venv system-deps lint test test-fast test-repeat book bench clean hub hub-clean
+.PHONY: venv system-deps lint test test-fast test-repeat test-chapter book bench clean hub hub-clean
 
 venv: $(STAMP)
 
@@ -68,6 +68,17 @@ test-repeat: $(STAMP) system-deps $(PROXY)
 		echo "run $$run of $(N): $$verdict in $$(( $$(date +%s) - start )) s: $$(tail -n 1 $$log)"; \
 	done; \
 	echo "$(FILES): $$(( $(N) - failed )) of $(N) runs passed"; test $$failed -eq 0
+
+# One chapter's gates, grading included, in minutes: its own tests (tests/test_chapterNN.py),
+# the release and grading gates of tests/test_grading.py for it alone (DISTLAB_TEST_CHAPTER),
+# and every chapter's independent-task grading.   make test-chapter CHAPTER=03-ddp
+CHAPTER ?=
+test-chapter: $(STAMP)
+	@test -n "$(CHAPTER)" -a -f "solutions/$(CHAPTER)/$(CHAPTER).ipynb" || { \
+		echo "usage: make test-chapter CHAPTER=<one of: $$(ls solutions | tr '\n' ' ')>"; exit 2; }
+	$(BYTECODE)
+	DISTLAB_TEST_CHAPTER=$(CHAPTER) $(PY) -m pytest -n 2 --dist loadfile tests/test_grading.py \
+		tests/test_independent_grading.py $(wildcard tests/test_chapter$(shell echo $(CHAPTER) | cut -c1-2).py)
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
 test-fast: $(STAMP)
