@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
 import shutil
 import signal
@@ -293,6 +294,12 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
             end_proxy(state / "proxy.pid", proxy_api_port)
 
 
+def example_due_date() -> str:
+    """Tomorrow at 17:00 in UTC, spelled as nbgrader reads a due date (the time zone named)."""
+    tomorrow = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)
+    return tomorrow.strftime("%Y-%m-%d 17:00:00 UTC")
+
+
 def launch_link(url: str, notebook: str = "notebooks/00-first-steps/00-first-steps.ipynb") -> str:
     """The link an exercise page's launch button makes when _config.yml names this hub."""
     query = urllib.parse.urlencode({"repo": PUBLIC_REPO, "urlpath": f"lab/tree/distlab/{notebook}",
@@ -315,7 +322,7 @@ def up(course: str) -> int:
             grade_env = " ".join(f"{k}={v}" for k, v in hub["grade_env"].items())
             print("\nThe instructor (root, in this repository) releases, collects, grades and returns:\n"
                   f"  export {grade_env}\n"
-                  "  .venv/bin/python -m distlab.grade publish 00-first-steps\n"
+                  f"  .venv/bin/python -m distlab.grade publish 00-first-steps --due \"{example_due_date()}\"\n"
                   "  .venv/bin/python -m distlab.grade collect 00-first-steps   # then autograde, feedback, return")
             print(f"\nSlurm: export SLURM_CONF={hub['slurm_conf']}; squeue    Hub log: {hub['log']}", flush=True)
             while not stopping:

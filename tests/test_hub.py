@@ -105,6 +105,7 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         assert sorted(user for user, _ in accounts_printed) == [
             f"{course}-instructor1", f"{course}-student1", f"{course}-student2", f"{course}-student3"]
         assert demo.launch_link(url) in printed
+        assert re.search(r'distlab\.grade publish 00-first-steps --due "\d{4}-\d\d-\d\d 17:00:00 UTC"', printed), printed
         with urllib.request.urlopen(url + "/hub/login", timeout=10) as response:
             assert response.status == 200
         run_dir = Path(re.search(r"Hub log: (\S+)/hub\.log", printed).group(1))
