@@ -41,7 +41,7 @@ def jupyter_server(tmp_path):
     """Start ``jupyter lab`` with the hub's settings, with or without ``course_sessions``."""
     started = []
 
-    def start(with_course_sessions: bool) -> str:
+    def start(with_course_sessions: bool, *options: str) -> str:
         root = tmp_path / f"root-{len(started)}"
         root.mkdir()
         for name, kernel in (("chapter.ipynb", "python3"), ("odd-kernel.ipynb", "not-installed")):
@@ -49,11 +49,13 @@ def jupyter_server(tmp_path):
         port = demo.free_port()
         switch = [] if with_course_sessions else ["--ServerApp.jpserver_extensions=course_sessions=False"]
         env = dict(os.environ, JUPYTER_CONFIG_PATH=f"{REPO / 'hub' / 'jupyter'}:{Path(sys.prefix) / 'etc' / 'jupyter'}",
-                   JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"))
+                   JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"),
+                   PYTHONPATH=str(Path(__file__).resolve().parent))   # for read_only_authorizer below
         log = (tmp_path / f"server-{len(started)}.log").open("w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-             "--ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}", *switch],
+             "--ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}", *switch,
+             *options],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -150,3 +152,15 @@ def test_a_notebook_opened_by_its_url_has_its_kernel_before_jupyterlab_asks(jupy
     request = urllib.request.Request(f"{url}/lab/tree/odd-kernel.ipynb")
     with urllib.request.urlopen(request, timeout=30) as answer:
         assert "/login" in answer.url
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_user_who_may_not_run_kernels_starts_none_by_opening_a_notebook(jupyter_server):
+    """A server whose authorizer lets a visitor read but not run (tests/read_only_authorizer.py):
+    opening a notebook's URL still shows JupyterLab's page, and starts no kernel."""
+    url = jupyter_server(True, "--ServerApp.authorizer_class=read_only_authorizer.ReadOnly")
+    with urllib.request.urlopen(f"{url}/lab/tree/chapter.ipynb?token={TOKEN}", timeout=30) as answer:
+        assert answer.status == 200 and b"jupyter-config-data" in answer.read()
+    with urllib.request.urlopen(f"{url}/api/sessions?token={TOKEN}", timeout=10) as answer:
+        assert json.load(answer) == []

@@ -47,8 +47,13 @@ class OpenNotebookWithKernel(LabHandler):
         """Start the notebook's kernel in a session of its own, unless one is running already.
 
         A path that is no notebook the server can read (missing, not JSON, outside its root)
-        starts nothing: JupyterLab's page then reports the problem as it always does.
+        starts nothing, and neither does a user the server's authorizer does not allow to run
+        kernels: JupyterLab's page then behaves as it always does.
         """
+        # only what the sessions API would let this user do (a server's authorizer may allow a
+        # visitor to read but not to run)
+        if not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "execute", "kernels")):
+            return
         lock = self._starting.setdefault(path, asyncio.Lock())  # two tabs opening at once: one session
         async with lock:
             sessions = self.session_manager
