@@ -36,6 +36,8 @@ from pathlib import Path
 
 import psutil
 
+from distlab.runtime.processes import alive
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -210,18 +212,10 @@ def end_proxy(pid_file: Path, api_port: int, grace: float = 10) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proxy.pid, sig)  # its own session: the group is the proxy and its children
         deadline = time.monotonic() + wait
-        while running(proxy) and time.monotonic() < deadline:
+        while alive([proxy]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not running(proxy):
+        if not alive([proxy]):   # a zombie has ended too: it only waits to be reaped
             return
-
-
-def running(proc: psutil.Process) -> bool:
-    """Still running: a zombie has ended, it only waits to be reaped."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _hub_answers(url: str) -> bool:

@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -59,15 +58,9 @@ def jupyter_server(tmp_path):
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=5)
-                return url
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"jupyter lab did not answer:\n{log.name}") from None
-                time.sleep(0.3)
+        demo._wait_for(lambda: answers(f"{url}/api/status?token={TOKEN}"), 60, "jupyter lab did not answer",
+                       proc, Path(log.name))
+        return url
 
     yield start
     for proc in started:
@@ -78,6 +71,14 @@ def jupyter_server(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def notebook(kernel: str) -> dict:
