@@ -127,3 +127,31 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=priority)          # stable: the order inside each file, and of the other files, stays
+
+
+_FILE_SECONDS: dict[str, float] = {}
+_WORKER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Adds up each test file's time (setup, call and teardown) and each xdist worker's."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    _WORKER_SECONDS[worker] = _WORKER_SECONDS.get(worker, 0.0) + report.duration
+
+
+def pytest_unconfigure(config):
+    """Prints, after everything else, the slowest files and each worker's busy time: the last
+    lines of a CI log then say where a slow run spent its minutes (a per-test list does not
+    show a file of many middling tests, nor one worker idling while the other works)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if _WORKER or reporter is None or not _FILE_SECONDS:
+        return
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:12]
+    reporter.write_line("time per test file (setup + call + teardown), slowest first:")
+    for path, seconds in slowest:
+        reporter.write_line(f"  {seconds / 60:6.1f} min  {path}")
+    busy = ", ".join(f"{worker} {seconds / 60:.1f} min" for worker, seconds in sorted(_WORKER_SECONDS.items()))
+    reporter.write_line(f"busy time per worker: {busy}")
