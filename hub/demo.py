@@ -36,6 +36,8 @@ from pathlib import Path
 
 import psutil
 
+from distlab.grade import edition
+from distlab.grade.edition import INSTRUCTOR_ONLY
 from distlab.runtime.processes import alive
 
 HERE = Path(__file__).resolve().parent
@@ -110,33 +112,10 @@ def server_python(course_env: Path, run_dir: Path) -> Path:
     return bridge / "bin" / "python"
 
 
-INSTRUCTOR_ONLY = ("solutions", "grader", "tests")
-"""Top-level folders of the repository that students must not see: the instructor's notebooks
-(with solutions and hidden tests), the grader's files, and the tests (which hold the answers
-they check)."""
-
-
 def student_edition(served: Path) -> None:
-    """A bare repository whose only commit is this repository's HEAD without INSTRUCTOR_ONLY.
-
-    One commit with no parent: a student who fetches the whole history finds no solutions in
-    it either (objects unreachable from the served branch are never sent).
-    """
-    def git(*args: str, stdin: str | None = None) -> str:
-        return subprocess.run(["git", "-C", str(served), *args], input=stdin, capture_output=True, text=True,
-                              check=True, timeout=120).stdout.strip()
-
-    subprocess.run(["git", "clone", "--quiet", "--bare", str(REPO), str(served)], check=True, timeout=120)
-    entries = [line for line in git("ls-tree", "HEAD").splitlines() if line.split("\t", 1)[1] not in INSTRUCTOR_ONLY]
-    tree = git("mktree", stdin="\n".join(entries) + "\n")
-    commit = git("commit-tree", tree, "-m", "The course, student edition: this repository without "
-                 + ", ".join(f"{name}/" for name in INSTRUCTOR_ONLY))
-    for ref in git("for-each-ref", "--format=%(refname)").splitlines():
-        git("update-ref", "-d", ref)
-    git("update-ref", "refs/heads/main", commit)
-    git("symbolic-ref", "HEAD", "refs/heads/main")
-    git("reflog", "expire", "--expire=now", "--all")
-    git("gc", "--quiet", "--prune=now")
+    """The student edition (:mod:`distlab.grade.edition`, what the course publishes), as a bare
+    repository for ``git daemon``: one commit with no parent, none of INSTRUCTOR_ONLY in it."""
+    edition.write(served, REPO, bare=True)
 
 
 @contextlib.contextmanager
