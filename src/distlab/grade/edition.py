@@ -39,7 +39,7 @@ grades ``solutions/``; the link rewriter edits ``solutions/``). The book, the re
 ``notebooks/``, the package and ``hub/`` (its pages include the hub's files) stay."""
 
 BRANCH = "main"  # _config.yml's repository.branch: the launch links pull it
-MARKER = re.compile(r"^\s*#+\s*BEGIN (SOLUTION|HIDDEN TESTS)\b", re.MULTILINE)
+MARKER = re.compile(r'^\s*"?(#+\s*BEGIN (?:SOLUTION|HIDDEN TESTS))\b', re.MULTILINE)  # "?: a notebook's raw JSON
 IDENTITY = {"GIT_AUTHOR_NAME": "distlab student edition", "GIT_AUTHOR_EMAIL": "student-edition@distlab.invalid"}
 
 
@@ -143,11 +143,18 @@ def findings(repository: Path, known: list[str] = ()) -> list[str]:
     marker at the start of a line, and in a notebook a cell holding one of the ``known`` texts.
     """
     found: dict[str, str] = {}
-    for commit in _git(repository, "rev-list", "--all").split():
-        for path in _git(repository, "ls-tree", "-r", "-z", "--name-only", commit).split("\0"):
-            if path and (any(path == p or path.startswith(p + "/") for p in INSTRUCTOR_ONLY)
-                         or "gradebook" in path.rsplit("/", 1)[-1]):
-                found.setdefault(path, f"{path}: instructor-only file (commit {commit[:12]})")
+    # Every path any reachable commit holds: each was added by some commit (against each parent
+    # of a merge, -m), or is in a root commit.
+    commit = ""
+    for token in _git(repository, "log", "--all", "-m", "--root", "--no-renames", "--name-only", "-z",
+                      "--format=%x01%H").split("\0"):
+        token = token.lstrip("\n")
+        if token.startswith("\x01"):
+            commit = token[1:]
+        elif token and (any(token == p or token.startswith(p + "/") for p in INSTRUCTOR_ONLY)
+                        or "gradebook" in token.rsplit("/", 1)[-1]):
+            found.setdefault(token, f"{token}: instructor-only file (commit {commit[:12]})")
+    wanted = [f"\n{t}\n" for t in known]
     named = dict(line.split(" ", 1) for line in _git(repository, "rev-list", "--all", "--objects").splitlines()
                  if " " in line)
     for oid, data in _blobs(repository, list(named)).items():
@@ -155,15 +162,20 @@ def findings(repository: Path, known: list[str] = ()) -> list[str]:
         if data.startswith(b"SQLite format 3\0"):
             found.setdefault(where, f"{where}: a SQLite database (a gradebook?)")
             continue
-        cells = _cells(data)
-        texts = [_source(c) for c in cells] if cells is not None else [data.decode(errors="replace")]
-        for i, text in enumerate(texts):
+        cells = _cells(data) if data.lstrip()[:1] == b"{" else None
+        if cells is None:  # any other file: a marker at the start of a line
+            marker = MARKER.search(data.decode(errors="replace")) if b"BEGIN" in data else None
+            if marker:
+                found.setdefault(where, f"{where}: '{marker.group(1)}'")
+            continue
+        for i, cell in enumerate(cells):
+            text = _source(cell)
             marker = MARKER.search(text)
-            lines = "\n" + "\n".join(s.strip() for s in text.splitlines() if s.strip() and not s.strip().startswith("#")) + "\n"
-            copied = cells is not None and any(f"\n{t}\n" in lines for t in known)
-            if marker or copied:
-                what = f"'{marker.group(0).strip()}'" if marker else "a solution or hidden test's text"
-                found.setdefault(f"{where}#{i}", f"{where}{f' cell {i}' if cells is not None else ''}: {what}")
+            lines = "".join(f"\n{s.strip()}" for s in text.splitlines() if s.strip() and not s.strip().startswith("#"))
+            lines += "\n"
+            if marker or any(t in lines for t in wanted):
+                what = f"'{marker.group(1)}'" if marker else "a solution or hidden test's text"
+                found.setdefault(f"{where}#{i}", f"{where} cell {i}: {what}")
     return sorted(found.values())
 
 
