@@ -222,3 +222,17 @@ def test_the_edition_has_everything_the_book_and_its_launch_links_need(student, 
     stamp = re.search(r"^\$\(STAMP\): (.+)$", (student / "Makefile").read_text(), re.MULTILINE).group(1).split()
     needed += stamp + [".github/workflows/book.yml"]
     assert not [n for n in needed if not (student / n).exists()], needed
+
+
+@pytest.mark.parametrize("edition_of", ["student", "instructor"])
+def test_the_pages_workflow_publishes_the_student_edition_only(student, edition_of, tmp_path):
+    """.github/workflows/book.yml builds and deploys only where its first job says "student"."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "book.yml").read_text())
+    jobs = workflow["jobs"]
+    assert jobs["build"]["needs"] == "edition" and jobs["build"]["if"] == "needs.edition.outputs.student == 'true'"
+    assert jobs["deploy"]["needs"] == "build"
+    script = next(step["run"] for step in jobs["edition"]["steps"] if step.get("id") == "which")
+    output = tmp_path / "github_output"
+    subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=student if edition_of == "student" else REPO,
+                   env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(output)}, check=True, timeout=30)
+    assert output.read_text() == f"student={'true' if edition_of == 'student' else 'false'}\n"
