@@ -107,7 +107,8 @@ clean:
 # SLUG=00-first-steps, FROM=folder of submissions (one <student_id>.zip or folder each).
 SLUG ?= 00-first-steps
 GRADE := $(PY) -m distlab.grade
-.PHONY: grade-release grade-collect grade-autograde grade-feedback grade-export grade-class bench-autograde
+.PHONY: grade-release grade-collect grade-autograde grade-feedback grade-export grade-class bench-autograde \
+	student-edition
 
 grade-release: $(STAMP)
 	$(GRADE) release
@@ -129,3 +130,12 @@ grade-class: $(STAMP)
 
 bench-autograde: $(STAMP)
 	$(PY) benchmarks/autograde.py
+
+# The student edition, what the site, the launch links and the public repository are made of
+# (README, "Publishing: two editions"): a new repository without solutions/, grader/ and tests/,
+# nor their history. Then push it:  git -C DEST push <public repository> main
+#   make student-edition DEST=../distlab-public
+DEST ?=
+student-edition: $(STAMP)
+	@test -n "$(DEST)" || { echo "usage: make student-edition DEST=<a new folder, or an earlier edition>"; exit 2; }
+	$(GRADE) student-edition "$(DEST)"
