@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import distlab
+from distlab import chapters
 
 SRC = Path(distlab.__file__).resolve().parent
 REPO = SRC.parent.parent
@@ -23,8 +24,8 @@ REPO = SRC.parent.parent
 MAX_LINES = 350
 """A module longer than this must say in its docstring why it is one piece (the word "one piece")."""
 
-CHAPTER_PACKAGES = ["distlab.runtime", "distlab.data", "distlab.collectives", "distlab.data_parallel", "distlab.zero",
-                    "distlab.tensor_parallel", "distlab.pipeline_parallel", "distlab.parallel3d"]
+CHAPTER_PACKAGES = ["distlab.runtime", *chapters.packages()]
+"""The runtime (what the first steps use) and every chapter's reference package (src/distlab/chapters.py)."""
 
 
 def modules() -> dict[str, Path]:
@@ -150,7 +151,7 @@ def test_the_warm_ranks_preload_every_module_of_the_reference_packages():
 
     preloaded = set(isolation.preloaded_modules())
     known = modules()
-    for package in CHAPTER_PACKAGES[2:] + ["distlab.tools"]:
+    for package in chapters.packages() + ["distlab.tools"]:
         missing = [name for name in known if name.startswith(package + ".") and name not in preloaded]
         assert not missing, f"warm ranks would first import these during a call: {missing}"
 

@@ -28,18 +28,21 @@ from __future__ import annotations
 import sys
 import warnings
 
+from distlab import chapters
+
 WATCHED_MODULES = (
     "builtins", "torch", "torch.distributed", "torch.distributed.distributed_c10d", "torch.nn",
     "torch.nn.functional", "torch.autograd", "torch.optim", "torch.testing", "numpy", "numpy.testing",
 )
 
 
-PRELOADED = ("distlab.models", "distlab.tools", "distlab.collectives", "distlab.data_parallel", "distlab.zero",
-             "distlab.tensor_parallel", "distlab.pipeline_parallel", "distlab.parallel3d",
-             "distlab.grade.checks", "distlab.grade.safeload", "distlab.grade.sandbox")
+PRELOADED = ("distlab.models", "distlab.tools", *chapters.packages(),
+             "distlab.grade.checks", "distlab.grade.exercise", "distlab.grade.safeload", "distlab.grade.sandbox")
 """distlab modules and packages (every module in them) a pool's ranks import before their
-first call. A module first imported *during* a call has no earlier state to go back to, so
-what that call did to it would stay; imported beforehand, it is watched like the others."""
+first call: the shared ones, every chapter's reference package (:mod:`distlab.chapters`) and
+what the exercises' tests run on ranks. A module first imported *during* a call has no earlier
+state to go back to, so what that call did to it would stay; imported beforehand, it is
+watched like the others."""
 
 
 def preloaded_modules() -> list[str]:

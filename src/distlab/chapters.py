@@ -1,0 +1,98 @@
+"""The chapters of the course, in one place: what each one is called, where its pages, its
+reference code and its exercise live, and which reference code its graded tasks must not see
+printed.
+
+Everything that used to keep its own list of chapters reads this one instead: the warm ranks
+import every chapter's package before a call (:data:`distlab.runtime.isolation.PRELOADED`), the
+book's tests look for the graded references in the rendered pages, and the tests check that
+this list, the folders on disk, the chapter map of :mod:`distlab`, the README's table and the
+reading path of ``book/intro.md`` agree. Adding a chapter is one entry here, which
+``python -m distlab.grade new-chapter SLUG "Title"`` writes along with the chapter's files.
+
+An entry says:
+
+* ``slug``: ``NN-name``, the name of the chapter's folders (``book/``, ``solutions/``,
+  ``notebooks/``); ``NN`` is the chapter's number.
+* ``title``: the chapter's name, as the reading path of the book says it.
+* ``package``: its reference code, e.g. ``distlab.data_parallel`` (``None`` for the first
+  steps, which use the runtime itself).
+* ``graded``: the reference code of its graded tasks, as ``"module:name"``. The book may call
+  these, never print them (a student would copy the answer from the page).
+* ``page``: the chapter's opening page (a docname of ``_toc.yml``); its other pages are in the
+  same folder.
+* ``exercise``: whether it has an exercise, ``solutions/<slug>/<slug>.ipynb``.
+
+This module imports nothing: the runtime reads it on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Chapter:
+    slug: str
+    title: str
+    package: str | None
+    graded: tuple[str, ...] = ()
+    page: str = ""
+    exercise: bool = True
+
+    @property
+    def number(self) -> int:
+        return int(self.slug[:2])
+
+    @property
+    def folder(self) -> str:
+        """The folder of the chapter's pages, e.g. ``book/03-ddp``."""
+        return self.page.rpartition("/")[0]
+
+
+CHAPTERS = (
+    Chapter("00-first-steps", "First steps", None, (), "book/getting-started/first-steps"),
+    Chapter("01-data-loading", "Data loading", "distlab.data",
+            ("distlab.data.sharding:DistributedSampler", "distlab.data.sharding:global_batches",
+             "distlab.data.sharding:rank_slice", "distlab.data.sharding:BatchSamplerShard"),
+            "book/01-data-loading/index"),
+    Chapter("02-collectives", "Collectives", "distlab.collectives",
+            ("distlab.collectives.all_reduce:ring_reduce_scatter", "distlab.collectives.all_reduce:ring_all_gather",
+             "distlab.collectives.all_reduce:ring_all_reduce"),
+            "book/02-collectives/index"),
+    Chapter("03-ddp", "Data parallelism", "distlab.data_parallel",
+            ("distlab.data_parallel.naive:broadcast_parameters", "distlab.data_parallel.naive:naive_step",
+             "distlab.data_parallel.overlap:OverlappedDDP", "distlab.data_parallel.overlap:accumulation_step"),
+            "book/03-ddp/index"),
+    Chapter("04-zero-fsdp", "ZeRO and FSDP", "distlab.zero",
+            ("distlab.zero.optimizer:ShardedOptimizer", "distlab.zero.flat:WhenGradientsReady",
+             "distlab.zero.flat:reduce_scatter_into", "distlab.zero.fully_shard:FullyShardedModel"),
+            "book/04-zero-fsdp/index"),
+    Chapter("05-tensor-parallel", "Tensor parallelism", "distlab.tensor_parallel",
+            ("distlab.tensor_parallel.regions:copy_to_parallel_region",
+             "distlab.tensor_parallel.regions:reduce_from_parallel_region",
+             "distlab.tensor_parallel.layers:ColumnParallelLinear", "distlab.tensor_parallel.layers:RowParallelLinear",
+             "distlab.tensor_parallel.model:ParallelMLP", "distlab.tensor_parallel.model:ParallelBlock",
+             "distlab.tensor_parallel.layers:vocab_parallel_cross_entropy"),
+            "book/05-tensor-parallel/index"),
+    Chapter("06-pipeline", "Pipeline parallelism", "distlab.pipeline_parallel",
+            ("distlab.pipeline_parallel.executor:Executor", "distlab.pipeline_parallel.schedules:gpipe",
+             "distlab.pipeline_parallel.schedules:one_f_one_b", "distlab.pipeline_parallel.timeline:bubble_fraction"),
+            "book/06-pipeline/index"),
+    Chapter("07-3d-parallelism", "3D parallelism", "distlab.parallel3d",
+            ("distlab.parallel3d.mesh:ProcessGrid", "distlab.parallel3d.train:forward_backward",
+             "distlab.parallel3d.train:average_gradients"),
+            "book/07-3d-parallelism/index"),
+    # new-chapter adds its entry above this line
+)
+
+
+def by_slug(slug: str) -> Chapter:
+    for chapter in CHAPTERS:
+        if chapter.slug == slug:
+            return chapter
+    raise KeyError(f"no chapter {slug!r}; the chapters are {[c.slug for c in CHAPTERS]}")
+
+
+def packages() -> list[str]:
+    """Every chapter's reference package, in chapter order."""
+    return [c.package for c in CHAPTERS if c.package]
