@@ -8,7 +8,8 @@ them), and a second, plain check here reads every notebook of the edition withou
 
 Checked to fail on purpose: ``solutions`` taken out of ``INSTRUCTOR_ONLY``; the edition cloned
 with its history (``git clone`` then a new commit on top) instead of a parentless commit; the
-borrowed objects left to an alternates file instead of copied; the known-text search turned off.
+borrowed objects left to an alternates file instead of copied; the known-text search turned off;
+a second edition written as a new parentless commit (students' copies then fail to pull it).
 Git only, no ranks: the file runs in seconds.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from nbgitpuller.pull import GitPuller
 
 from distlab.grade import edition
 
@@ -156,16 +158,25 @@ def test_the_check_reads_the_whole_history_and_knows_a_solution_without_its_mark
     assert len(git(repo, "rev-list", "--all").split()) == 2
 
 
-def test_writing_into_an_earlier_edition_adds_a_child_and_nothing_instructor_only(tmp_path):
+def test_writing_into_an_earlier_edition_adds_a_child_that_students_copies_pull(tmp_path):
     instructor = tmp_path / "instructor"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(instructor)], check=True, timeout=120)
     public = tmp_path / "public"
     first = edition.write(public, instructor)
     assert edition.write(public, instructor) == first          # nothing changed, nothing committed
+    # A student's copy, as a launch link makes it, with work of their own in it.
+    student = tmp_path / "student"
+    list(GitPuller(f"file://{public}", str(student), branch=edition.BRANCH).pull())
+    (student / "notebooks" / "mine.txt").write_text("my notes\n")
     with (instructor / "README.md").open("a") as readme:
         readme.write("\nOne more line.\n")
     git(instructor, *IDENTITY, "commit", "--quiet", "-am", "a change to publish")
     second = edition.write(public, instructor)
+    # The next launch pulls the new edition into it (nbgitpuller merges; an unrelated history
+    # would make that merge fail) and keeps the student's work.
+    list(GitPuller(f"file://{public}", str(student), branch=edition.BRANCH).pull())
+    assert (student / "README.md").read_text().endswith("One more line.\n")
+    assert (student / "notebooks" / "mine.txt").read_text() == "my notes\n"
     assert git(public, "rev-list", "--all").split() == [second, first]
     assert git(public, "rev-parse", f"{second}^") == first
     assert git(public, "rev-list", "--max-parents=0", "--all") == first
