@@ -48,9 +48,9 @@ BYTECODE := $(PY) -m compileall -q src
 
 # Two workers, one test file each at a time (files share module-scoped fixtures: the built
 # book, the graded class, the Slurm cluster); tests/conftest.py starts the longest files first.
-test: $(STAMP) system-deps lint $(PROXY)
-	$(BYTECODE)
-	$(PY) -m pytest -n 2 --dist loadfile --durations=30
+# `make test CHAPTER=<slug>` is `make test-chapter CHAPTER=<slug>` (below).
+test: $(if $(CHAPTER),test-chapter,$(STAMP) system-deps lint $(PROXY))
+	@if [ -z "$(CHAPTER)" ]; then $(BYTECODE) && $(PY) -m pytest -n 2 --dist loadfile --durations=30; fi
 
 # The browser and hub tests, N runs in a row, to see whether they pass every time (a test that
 # passes 4 runs in 5 fails CI one time in 5). Each run is a new pytest process: its hub, Slurm
@@ -71,14 +71,15 @@ test-repeat: $(STAMP) system-deps $(PROXY)
 
 # One chapter's gates, grading included, in minutes: its own tests (tests/test_chapterNN.py),
 # the release and grading gates of tests/test_grading.py for it alone (DISTLAB_TEST_CHAPTER),
-# and every chapter's independent-task grading.   make test-chapter CHAPTER=03-ddp
+# every chapter's independent-task grading, and the registry of chapters against the disk
+# (tests/test_chapters.py).   make test-chapter CHAPTER=03-ddp
 CHAPTER ?=
 test-chapter: $(STAMP)
 	@test -n "$(CHAPTER)" -a -f "solutions/$(CHAPTER)/$(CHAPTER).ipynb" || { \
 		echo "usage: make test-chapter CHAPTER=<one of: $$(ls solutions | tr '\n' ' ')>"; exit 2; }
 	$(BYTECODE)
 	DISTLAB_TEST_CHAPTER=$(CHAPTER) $(PY) -m pytest -n 2 --dist loadfile tests/test_grading.py \
-		tests/test_independent_grading.py $(wildcard tests/test_chapter$(shell echo $(CHAPTER) | cut -c1-2).py)
+		tests/test_independent_grading.py tests/test_chapters.py $(wildcard tests/test_chapter$(shell echo $(CHAPTER) | cut -c1-2).py)
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
 test-fast: $(STAMP)

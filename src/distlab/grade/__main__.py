@@ -17,6 +17,10 @@ and in both cases:
     export   [--to FILE]                every score as CSV (default grader/work/grades.csv)
     class    SLUG --from DIR            collect, autograde, feedback and export in one go
 
+and to write the course:
+
+    new-chapter SLUG "Title"            a new chapter's page, package, exercise, tests and registry entry
+
 To publish (the book's site, its launch links, a public repository):
 
     student-edition DEST [--commit REF] a fresh repository of this one without solutions,
@@ -320,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_arguments(sub.choices["autograde"])
     p = sub.add_parser("export", help="export all grades as CSV")
     p.add_argument("--to")
+    p = sub.add_parser("new-chapter", help="a new chapter: page, package, exercise, tests, registry entry")
+    p.add_argument("slug", help="NN-name, e.g. 08-context-parallel")
+    p.add_argument("title")
+    p.add_argument("--package", help="its reference package (default: distlab.<name>)")
     p = sub.add_parser("class", help="collect, autograde, feedback, export")
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
@@ -335,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "student-edition":  # needs no gradebook
         return student_edition(args.dest, args.commit)
+    if args.command == "new-chapter":
+        from distlab.grade import new_chapter
+        return new_chapter.command(args.slug, args.title, args.package, say)
     if not database_answers(args.command):
         return 1
     if args.command == "release":

@@ -1,0 +1,168 @@
+"""``python -m distlab.grade new-chapter SLUG "Title"``: a new chapter that releases and passes
+its own tests before anyone edits it.
+
+It writes, for ``SLUG = NN-name`` (``--package`` overrides the package's name):
+
+* ``book/SLUG/index.md``: the chapter's page, with a code cell that runs the reference on 2
+  ranks, and its entry in ``_toc.yml`` after the last chapter;
+* ``src/distlab/<name>/``: the chapter's reference package, a docstring and one function,
+  ``reference.sum_of_squares``, which the page calls and the exercise is graded against;
+* ``solutions/SLUG/SLUG.ipynb``: the exercise, with the nbgrader metadata every cell needs,
+  one coding task (``task1-answer``, ``task1-tests``: visible tests on 2 ranks, hidden tests on
+  4, seeded from ``checks.grading_seed()``), one numeric concept question (``concepts-text``, ``concepts-answer``,
+  ``concept-a-tests``), and the chapter's package forbidden in the metadata and the setup cell;
+* ``tests/test_chapterNN.py``: the chapter's own tests;
+* the chapter's entry in :mod:`distlab.chapters`.
+
+Then it says what is left: release, run the chapter's gates, and name the chapter in the
+three hand-written places the tests compare with the registry. The book's instructor's guide,
+"Adding a chapter", lists every convention the tests enforce.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from string import Template
+
+from distlab.grade import exercise
+from distlab.grade.new_chapter_text import (
+    CONCEPT_A_TESTS,
+    CONCEPTS_ANSWER,
+    CONCEPTS_TEXT,
+    INTRO,
+    OUTRO,
+    PACKAGE_INIT,
+    PAGE,
+    REFERENCE,
+    SETUP,
+    TASK1_ANSWER,
+    TASK1_TESTS,
+    TASK1_TEXT,
+    TESTS,
+)
+
+SLUG = re.compile(r"^\d\d-[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+def package_for(slug: str) -> str:
+    """The default package of a chapter: for ``08-context-parallel``, ``context_parallel`` in src/distlab."""
+    return "distlab." + slug[3:].replace("-", "_")
+
+
+def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = None) -> list[Path]:
+    """Write the chapter's files into the repository ``repo``; return them. Refuses (ValueError)
+    a malformed slug or package, or a chapter whose number, folders or package exist already."""
+    import yaml
+
+    repo = Path(repo)
+    package = package or package_for(slug)
+    short = package.removeprefix("distlab.")
+    if not SLUG.match(slug):
+        raise ValueError(f"{slug!r}: a slug is NN-name, two digits then lowercase words joined by '-'")
+    if not (package.startswith("distlab.") and short.isidentifier() and short.islower()):
+        raise ValueError(f"{package!r}: a chapter's package is distlab.<lowercase name>")
+    registry = (repo / "src" / "distlab" / "chapters.py").read_text()
+    if f'Chapter("{slug[:3]}' in registry:
+        raise ValueError(f"chapter {slug[:2]} exists already (src/distlab/chapters.py)")
+    places = {"page": repo / "book" / slug / "index.md", "package": repo / "src" / "distlab" / short,
+              "solution": repo / "solutions" / slug / f"{slug}.ipynb",
+              "tests": repo / "tests" / f"test_chapter{slug[:2]}.py"}
+    taken = [str(p.relative_to(repo)) for p in places.values() if p.exists()]
+    if taken or (repo / "book" / slug).exists() or (repo / "solutions" / slug).exists():
+        raise ValueError(f"{slug}: already there: {taken or [slug]}")
+    base = yaml.safe_load((repo / "_config.yml").read_text())["html"]["baseurl"]
+    values = {"slug": slug, "title": title, "number": str(int(slug[:2])), "nn": slug[:2], "package": package,
+              "short": short, "chapter_url": f"{base}book/{slug}/index.html"}
+    fill = lambda text: Template(text).substitute(values)   # noqa: E731 - one line, used below
+
+    written = []
+    for path, text in ((places["page"], PAGE), (places["package"] / "__init__.py", PACKAGE_INIT),
+                       (places["package"] / "reference.py", REFERENCE), (places["tests"], TESTS)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(fill(text))
+        written.append(path)
+    places["solution"].parent.mkdir(parents=True)
+    places["solution"].write_text(json.dumps(notebook(values, fill), indent=1, ensure_ascii=False) + "\n")
+    written.append(places["solution"])
+
+    entry = (f'    Chapter("{slug}", {json.dumps(title)}, "{package}",\n'
+             f'            ("{package}.reference:sum_of_squares",), "book/{slug}/index"),\n')
+    marker = "    # new-chapter adds its entry above this line\n"
+    (repo / "src" / "distlab" / "chapters.py").write_text(registry.replace(marker, entry + marker, 1))
+    written.append(repo / "src" / "distlab" / "chapters.py")
+    add_to_toc(repo / "_toc.yml", slug)
+    written.append(repo / "_toc.yml")
+    return written
+
+
+def add_to_toc(toc: Path, slug: str) -> None:
+    """Insert ``book/<slug>/index`` as the last entry of the "Chapters" part (text, so comments stay)."""
+    lines = toc.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.strip() == "- caption: Chapters")
+    end = next((i for i in range(start + 1, len(lines)) if re.match(r"^  \S", lines[i])), len(lines))
+    while end > start and not lines[end - 1].strip():
+        end -= 1
+    lines.insert(end, f"      - file: book/{slug}/index\n")
+    toc.write_text("".join(lines))
+
+
+def _cell(kind: str, grade_id: str, source: str, solution=False, points=None) -> dict:
+    meta = {"grade": points is not None, "grade_id": grade_id, "locked": not solution, "schema_version": 3,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    cell = {"cell_type": kind, "id": grade_id, "metadata": {"nbgrader": meta}, "source": source.strip("\n")}
+    if kind == "code":
+        cell.update(execution_count=None, outputs=[])
+    return cell
+
+
+def notebook(values: dict, fill) -> dict:
+    """The solution notebook (nbformat 4.5) of the new chapter."""
+    forbidden = [values["package"]]
+    intro = "\n\n".join([fill(INTRO), exercise.rules_text(forbidden), exercise.grading_text(),
+                         exercise.tolerances_text("results")])
+    cells = [_cell("markdown", "intro", intro), _cell("code", "setup", fill(SETUP)),
+             _cell("markdown", "task1-text", fill(TASK1_TEXT)),
+             _cell("code", "task1-answer", fill(TASK1_ANSWER), solution=True),
+             _cell("code", "task1-tests", fill(TASK1_TESTS), points=2),
+             _cell("markdown", "concepts-text", fill(CONCEPTS_TEXT)),
+             _cell("code", "concepts-answer", fill(CONCEPTS_ANSWER), solution=True),
+             _cell("code", "concept-a-tests", fill(CONCEPT_A_TESTS), points=1),
+             _cell("markdown", "outro", fill(OUTRO))]
+    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"distlab": {"forbidden": forbidden},
+                         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                         "language_info": {"name": "python"}}}
+
+
+def command(slug: str, title: str, package: str | None, say) -> int:
+    """``new-chapter``: make the chapter in this repository, say what it wrote and what is left."""
+    from distlab.grade import config
+
+    repo = config.repo_root()
+    try:
+        written = make(repo, slug, title, package)
+    except ValueError as error:
+        say(f"new-chapter: {error}")
+        return 2
+    for path in written:
+        say(f"new-chapter: wrote {os.path.relpath(path, repo)}")
+    say(next_steps(slug, package or package_for(slug)))
+    return 0
+
+
+def next_steps(slug: str, package: str) -> str:
+    return f"""what is left (the instructor's guide, "Adding a chapter", has the whole checklist):
+  1. python -m distlab.grade release {slug}      # writes notebooks/{slug}/ (commit it with solutions/)
+  2. make test-chapter CHAPTER={slug}             # the chapter's gates, grading included
+  3. name the chapter in the three hand-written places tests/test_chapters.py compares with
+     src/distlab/chapters.py: the chapter map of src/distlab/__init__.py and the README's table
+     (a row '{int(slug[:2])} ...' naming `{package}`), and the reading path of book/intro.md
+     (a link to {slug}/index.md)
+  4. replace the sample task, question and reference with the chapter's own, keeping the
+     cell ids, and update the registry entry's graded references"""
+
