@@ -21,10 +21,9 @@ and to write the course:
 
     new-chapter SLUG "Title"            a new chapter's page, package, exercise, tests and registry entry
 
-To publish (the book's site, its launch links, a public repository):
+and to publish (the site, the launch links, a public repository; distlab.grade.edition):
 
-    student-edition DEST [--commit REF] a fresh repository of this one without solutions,
-                                        hidden tests, grader or tests (distlab.grade.edition)
+    student-edition DEST [--commit REF] a new repository: this one without solutions, grader, tests
 
 Options of the form ``--Class.trait=value`` go to nbgrader as they are, e.g.
 ``--CleanRoomTests.rank_memory_mb=4096`` or ``--Execute.timeout=30``.
@@ -280,26 +279,6 @@ def export(to: str | None) -> int:
     return code
 
 
-def student_edition(dest: str, commit: str) -> int:
-    """Write the student edition into ``dest`` (see :mod:`distlab.grade.edition`) and say how to publish it."""
-    from pathlib import Path
-
-    from distlab.grade import edition
-
-    start, repo = time.monotonic(), config.repo_root()
-    try:
-        new = edition.write(Path(dest), Path(repo), commit)
-    except edition.EditionError as exc:
-        say(f"student-edition: {exc}")
-        return 1
-    changed = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True).stdout.strip()
-    say(f"student edition {new[:12]} of {commit} written to {dest} ({time.monotonic() - start:.1f} s), without "
-        + ", ".join(edition.INSTRUCTOR_ONLY) + (" (uncommitted changes are not in it)" if changed else ""))
-    say(f"publish it: git -C {dest} push <your public repository> {edition.BRANCH}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distlab.grade", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -332,9 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
     p.add_argument("--to")
-    p = sub.add_parser("student-edition", help="write the student edition (a fresh repository) to publish")
+    p = sub.add_parser("student-edition", help="write the student edition (a new repository) to publish")
     p.add_argument("dest", help="a new folder, or an earlier edition to add this one to")
-    p.add_argument("--commit", default="HEAD", help="the instructor commit to publish (default HEAD)")
+    p.add_argument("--commit", default="HEAD")
     args, extra = parser.parse_known_args(argv)
     unknown = [a for a in extra if not (a.startswith("--") and "." in a.split("=", 1)[0])]
     if unknown:
@@ -342,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     EXTRA[:] = extra  # e.g. --CleanRoomTests.rank_memory_mb=4096 --Execute.timeout=30
 
     if args.command == "student-edition":  # needs no gradebook
-        return student_edition(args.dest, args.commit)
+        from distlab.grade import edition
+        return edition.command(args.dest, args.commit, config.repo_root(), say)
     if args.command == "new-chapter":
         from distlab.grade import new_chapter
         return new_chapter.command(args.slug, args.title, args.package, say)

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 INSTRUCTOR_ONLY = ("solutions", "grader", "tests", ".ci", "benchmarks/autograde.py",
@@ -40,7 +41,7 @@ grades ``solutions/``; the link rewriter edits ``solutions/``). The book, the re
 
 BRANCH = "main"  # _config.yml's repository.branch: the launch links pull it
 MARKER = re.compile(r'^\s*"?(#+\s*BEGIN (?:SOLUTION|HIDDEN TESTS))\b', re.MULTILINE)  # "?: a notebook's raw JSON
-IDENTITY = {"GIT_AUTHOR_NAME": "distlab student edition", "GIT_AUTHOR_EMAIL": "student-edition@distlab.invalid"}
+IDENTITY = {"GIT_AUTHOR_NAME": "distlab student edition", "GIT_AUTHOR_EMAIL": "student-edition@example.invalid"}
 
 
 class EditionError(RuntimeError):
@@ -113,6 +114,21 @@ def write(dest: Path, repo: Path, commit: str = "HEAD", bare: bool = False) -> s
     if found:
         raise EditionError(f"the edition in {dest} holds instructor-only content: " + "; ".join(found))
     return new
+
+
+def command(dest: str, commit: str, repo: str, say) -> int:
+    """``python -m distlab.grade student-edition DEST``: write it, say what and how to publish it."""
+    start = time.monotonic()
+    try:
+        new = write(Path(dest), Path(repo), commit)
+    except EditionError as exc:
+        say(f"student-edition: {exc}")
+        return 1
+    changed = _git(Path(repo), "status", "--porcelain", "--untracked-files=no")
+    say(f"student edition {new[:12]} of {commit} written to {dest} ({time.monotonic() - start:.1f} s), without "
+        + ", ".join(INSTRUCTOR_ONLY) + (" (uncommitted changes are not in it)" if changed else ""))
+    say(f"publish it: git -C {dest} push <your public repository> {BRANCH}")
+    return 0
 
 
 def solution_texts(repo: Path, commit: str = "HEAD") -> list[str]:
