@@ -274,6 +274,96 @@ def test_concept_answers_are_computed_and_wrong_ones_get_a_hint(slug):
     assert numeric >= 1, f"{slug}: at least one numeric concept question"
 
 
+def concept_questions(slug: str) -> dict[str, str]:
+    """``{"(a)": stem, ...}``: each concept question's own text, without its options and its
+    'Store ... in' sentence, as one line."""
+    found = {}
+    for question in re.split(r"\n(?=\*\*\([a-z]\)\*\*)", concept_cells(slug)["concepts-text"])[1:]:
+        label = question[2:5]
+        stem = re.split(r"\n\* `\"a\"`|Store (?:the|it|them)\b", question[7:], maxsplit=1)[0]
+        found[label] = " ".join(stem.split())
+    return found
+
+
+def test_no_concept_question_repeats_another_chapters():
+    """Each chapter asks its own questions: no two chapters' question texts are alike (a ratio of
+    the words they share in order, where today's unrelated questions stay below 0.45) and no two
+    chapters' numeric questions have the same answer (the same computation, reworded)."""
+    import difflib
+
+    questions, numbers = [], {}
+    for slug in all_slugs():
+        questions += [(slug, label, re.findall(r"\w+", stem.lower())) for label, stem in concept_questions(slug).items()]
+        options = concept_options(slug)
+        for name, value in solution_concept_answers(slug).items():
+            if name not in options:
+                key = tuple(round(v, 9) for v in value) if isinstance(value, (list, tuple)) else round(value, 9)
+                numbers.setdefault(key, []).append(f"{slug} {name}")
+    alike = [f"{a} {qa} and {b} {qb}: {ratio:.2f}" for (a, qa, wa), (b, qb, wb) in
+             ((x, y) for i, x in enumerate(questions) for y in questions[i + 1:] if x[0] != y[0])
+             for ratio in [difflib.SequenceMatcher(None, wa, wb).ratio()] if ratio >= 0.5]
+    assert not alike, f"questions of two chapters alike: {alike}"
+    same = {value: names for value, names in numbers.items() if len({n.split()[0] for n in names}) > 1}
+    assert not same, f"numeric questions of two chapters with the same answer: {same}"
+
+
+def toc_pages() -> set[str]:
+    """Every ``file:`` of _toc.yml (paths from the repository root, without suffix)."""
+    import yaml
+
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+
+    def walk(entries):
+        for entry in entries:
+            if "file" in entry:
+                yield entry["file"]
+            yield from walk(entry.get("sections", []))
+
+    return {toc["root"], *(f for part in toc["parts"] for f in walk(part["chapters"]))}
+
+
+PAGE_REFERENCE = re.compile(r"\b(?:([\w-]+)/)?([\w-]+)\.md\b(?:, '(.+?)'(?=[).;,]))?")
+"""``page.md`` (a page of the question's chapter) or ``folder/page.md`` (of another), with an
+optional section: ``page.md, 'Heading'``."""
+
+
+@pytest.mark.parametrize("slug", slugs())
+def test_every_concept_hint_names_a_page_that_corrects_it(slug):
+    """The feedback of every wrong answer (each wrong option, a wrong number) names a page of
+    the book where the student can read what the answer gets wrong: a page of the toc, in the
+    chapter's own folder unless the hint names another, and any section it quotes a heading of
+    that page."""
+    from distlab.grade.checks import CheckFailed
+
+    pages = toc_pages()
+    folder = re.search(r"\*Read:\*.*?/book/([\w-]+)/", concept_cells(slug)["concepts-text"]).group(1)
+    cells, answers, options = concept_cells(slug), solution_concept_answers(slug), concept_options(slug)
+    problems = []
+    for grade_id in sorted(g for g in cells if g.startswith("concept-") and g.endswith("-tests")):
+        name = next(n for n in answers if re.search(rf"\b{n}\b", cells[grade_id]))
+        value = answers[name]
+        if name in options:
+            wrong = [letter for letter in "abcd" if letter != value]
+        else:
+            wrong = [[v * 1.37 for v in value] if isinstance(value, (list, tuple)) else value * 1.37]
+        for bad in wrong:
+            with pytest.raises(CheckFailed) as failed:
+                run_concept_test(slug, grade_id, {**answers, name: bad})
+            hint = str(failed.value)
+            references = PAGE_REFERENCE.findall(hint)
+            if not references:
+                problems.append(f"{name} = {bad!r}: the hint names no page: {hint}")
+            for other, page, section in references:
+                docname = f"book/{other or folder}/{page}"
+                if docname not in pages:
+                    problems.append(f"{name} = {bad!r}: {docname}.md is not a page of the book")
+                elif section:
+                    headings = re.findall(r"^#+ (.+?)\s*$", (REPO / f"{docname}.md").read_text(), re.M)
+                    if section not in headings:
+                        problems.append(f"{name} = {bad!r}: {docname}.md has no section {section!r}")
+    assert not problems, "\n".join(problems)
+
+
 def test_multiple_choice_answers_are_spread_and_not_given_away_by_length():
     letters, longest, total = [], 0, 0
     for slug in all_slugs():   # the spread is a property of every chapter together
