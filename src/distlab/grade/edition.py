@@ -32,12 +32,15 @@ import time
 from pathlib import Path
 
 INSTRUCTOR_ONLY = ("solutions", "grader", "tests", ".ci", "benchmarks/autograde.py",
-                   "scripts/link_notebooks_to_book.py")
+                   "scripts/link_notebooks_to_book.py", "src/distlab/grade/new_chapter.py",
+                   "src/distlab/grade/new_chapter_text.py")
 """Paths the student edition leaves out: the nbgrader source notebooks (solutions, hidden
 tests), the grader's configuration and hostile submissions, the tests (they hold the answers),
 and the instructor's tools that work only with those (CI runs the tests; the grading benchmark
-grades ``solutions/``; the link rewriter edits ``solutions/``). The book, the released
-``notebooks/``, the package and ``hub/`` (its pages include the hub's files) stay."""
+grades ``solutions/``; the link rewriter edits ``solutions/``; ``new-chapter`` writes into
+``solutions/`` and ``tests/``, and its templates hold a sample task's solution and hidden
+tests). The book, the released ``notebooks/``, the rest of the package and ``hub/`` (its pages
+include the hub's files) stay."""
 
 BRANCH = "main"  # _config.yml's repository.branch: the launch links pull it
 MARKER = re.compile(r'^\s*"?(#+\s*BEGIN (?:SOLUTION|HIDDEN TESTS))\b', re.MULTILINE)  # "?: a notebook's raw JSON
