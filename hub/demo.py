@@ -137,7 +137,7 @@ def git_mirror(run_dir: Path, port: int):
 def make_instructor_folders_private() -> list[Path]:
     """chmod o-rwx the repository's INSTRUCTOR_ONLY folders: the students' servers read the
     repository (the course environment is installed from it), but not these."""
-    folders = [REPO / name for name in INSTRUCTOR_ONLY]
+    folders = [REPO / name for name in INSTRUCTOR_ONLY if (REPO / name).exists()]  # files too, since issue 35
     for folder in folders:
         os.chmod(folder, os.stat(folder).st_mode & ~0o007)
     return folders
