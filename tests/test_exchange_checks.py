@@ -2,30 +2,141 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import pwd
+from pathlib import Path
+
+import pytest
+from grading_support import Course
+from nbgrader.utils import parse_utc
 
 from distlab.grade import exchange
 from distlab.grade.__main__ import ungraded
 
+ME = pwd.getpwuid(os.getuid()).pw_name
 
-def test_a_submission_made_by_someone_else_than_it_names_is_set_aside(tmp_path, monkeypatch):
+
+ASSIGNMENT = "00-first-steps"
+NOW = "2026-11-25 10:00:00.000000 UTC"
+
+
+def _exchange(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """An exchange's inbound folder and the staging folder ``collect`` copies it into."""
     monkeypatch.setenv("DISTLAB_GRADE_EXCHANGE", str(tmp_path / "exchange"))
     monkeypatch.setenv("DISTLAB_GRADE_WORK", str(tmp_path / "work"))
     inbound = tmp_path / "exchange" / "distlab" / "inbound"
-    me = pwd.getpwuid(os.getuid()).pw_name
-    honest = inbound / f"{me}+00-first-steps+2026-11-25 10:00:00 UTC+abc"
-    impostor = inbound / "alice+00-first-steps+2026-11-25 10:00:01 UTC+def"   # made by us, names alice
-    other_assignment = inbound / "alice+01-data-loading+2026-11-25 10:00:02 UTC+ghi"
-    for folder in (honest, impostor, other_assignment):
-        folder.mkdir(parents=True)
-        (folder / "00-first-steps.ipynb").write_text("{}")
+    inbound.mkdir(parents=True)
+    return inbound, tmp_path / "staged"
 
-    refused = exchange.set_aside_impostors("00-first-steps")
 
-    assert len(refused) == 1 and "names alice but was made by " + me in refused[0]
-    assert honest.exists() and other_assignment.exists() and not impostor.exists()
-    assert (tmp_path / "work" / "refused" / impostor.name / "00-first-steps.ipynb").exists()
+def _submission(inbound: Path, student: str, suffix: str, timestamp: str | None = None) -> Path:
+    """A folder as ``nbgrader submit`` leaves it, written now, claiming ``timestamp``."""
+    stamp = timestamp or datetime.datetime.now(datetime.timezone.utc).strftime(exchange.TIMESTAMP_FORMAT)
+    folder = inbound / f"{student}+{ASSIGNMENT}+{stamp}+{suffix}"
+    folder.mkdir()
+    (folder / f"{ASSIGNMENT}.ipynb").write_text('{"cells": []}')
+    (folder / "timestamp.txt").write_text(stamp)
+    return folder
+
+
+def test_a_submission_made_by_someone_else_than_it_names_is_not_collected(tmp_path, monkeypatch):
+    inbound, staged = _exchange(tmp_path, monkeypatch)
+    honest = _submission(inbound, ME, "abc")
+    impostor = _submission(inbound, "alice", "def")          # made by us, names alice
+    (inbound / f"alice+01-data-loading+{NOW}+ghi").mkdir()   # another assignment: not looked at
+
+    notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
+
+    assert len(notes) == 1 and f"REFUSED {impostor.name!r}: names alice but was made by {ME}" == notes[0]
+    assert [p.name for p in staged.iterdir()] == [honest.name]
+    assert (staged / honest.name / f"{ASSIGNMENT}.ipynb").read_text() == '{"cells": []}'
+    assert impostor.exists()   # left where it is, for the instructor to look at
+
+
+@pytest.mark.parametrize("plant", ["link_to_a_secret", "link_to_a_folder", "pipe", "hard_link", "huge_file",
+                                   "folder_is_a_link"])
+def test_links_pipes_and_huge_files_are_data_never_followed(tmp_path, monkeypatch, plant):
+    """The attack: a hand-made submission holding a link to a file the grader can read (the
+    solutions, another student's work) had nbgrader, as the instructor or root, copy the
+    target into the gradebook's folders; a pipe or /dev/zero hung or filled the disk."""
+    inbound, staged = _exchange(tmp_path, monkeypatch)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("THE HIDDEN TESTS")
+    secret.chmod(0o600)
+    folder = _submission(inbound, ME, "xyz")
+    if plant == "link_to_a_secret":
+        (folder / "notes.txt").symlink_to(secret)
+    elif plant == "link_to_a_folder":
+        (folder / "more").symlink_to(tmp_path)
+    elif plant == "pipe":
+        os.mkfifo(folder / "notes.txt")
+    elif plant == "hard_link":
+        os.link(secret, folder / "notes.txt")
+    elif plant == "huge_file":
+        with open(folder / "data.bin", "wb") as file:
+            file.truncate(exchange.MAX_SUBMISSION_BYTES + 1)   # sparse: no disk used
+    elif plant == "folder_is_a_link":
+        real = _submission(tmp_path, ME, "real")
+        folder.rename(tmp_path / "spare")
+        folder.symlink_to(real)
+
+    notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
+
+    reason = {"link_to_a_secret": "notes.txt is a symbolic link", "link_to_a_folder": "more is a symbolic link",
+              "pipe": "notes.txt is a pipe", "hard_link": "notes.txt has 2 names (a hard link)",
+              "huge_file": f"larger than {exchange.MAX_SUBMISSION_BYTES // 2**20} MiB",
+              "folder_is_a_link": "could not be opened"}[plant]
+    assert len(notes) == 1 and reason in notes[0], notes
+    assert list(staged.iterdir()) == []
+    assert secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_submission_time_before_its_files_last_change_is_replaced_by_that_change(tmp_path, monkeypatch):
+    """timestamp.txt is written by the student's process; ctime moves to now on every change
+    and cannot be set back: a claim more than the slack before it is replaced (lateness and
+    which submission is the latest then follow the file system)."""
+    inbound, staged = _exchange(tmp_path, monkeypatch)
+    honest = _submission(inbound, ME, "abc")
+    backdated = _submission(inbound, ME, "def", timestamp="2020-01-01 00:00:00.000000 UTC")
+    (inbound / backdated.name / "timestamp.txt").write_text("2020-01-01 00:00:00.000000 UTC")
+    before = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)   # parse_utc's naive UTC
+
+    notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
+
+    assert len(notes) == 1 and notes[0].startswith(f"CORRECTED {backdated.name!r}: claimed '2020-01-01"), notes
+    assert (staged / honest.name / "timestamp.txt").read_text() == honest.name.split("+")[2]   # kept as written
+    (corrected,) = [p for p in staged.iterdir() if p.name.endswith("+def")]
+    written = (corrected / "timestamp.txt").read_text()
+    assert corrected.name.split("+")[2] == written
+    assert abs((parse_utc(written) - before).total_seconds()) < 60
+
+
+def test_collect_hands_nbgrader_only_what_it_checked(tmp_path):
+    """The whole command: nbgrader collects the honest submission and never sees the refused one."""
+    course = Course(tmp_path / "work")
+    env_exchange = tmp_path / "work" / "exchange"
+    assert course.grade("publish", ASSIGNMENT).returncode == 0, course.log
+    inbound = env_exchange / "distlab" / "inbound"
+    inbound.mkdir(parents=True, exist_ok=True)
+    _submission(inbound, ME, "abc", timestamp="2020-01-01 00:00:00.000000 UTC")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("THE HIDDEN TESTS")
+    linked = _submission(inbound, ME, "def")
+    (linked / "timestamp.txt").unlink()
+    (linked / "timestamp.txt").symlink_to(secret)
+
+    done = course.grade("collect", ASSIGNMENT)
+
+    assert done.returncode == 0, course.log
+    assert f"REFUSED {linked.name!r}: timestamp.txt is a symbolic link" in done.stdout, done.stdout
+    assert "CORRECTED" in done.stdout and "which counts" in done.stdout
+    submitted = tmp_path / "work" / "submitted"
+    assert sorted(p.name for p in submitted.iterdir()) == [ME]
+    timestamp = (submitted / ME / ASSIGNMENT / "timestamp.txt").read_text()
+    assert not timestamp.startswith("2020"), timestamp
+    assert not any("THE HIDDEN TESTS" in p.read_text() for p in submitted.rglob("*") if p.is_file())
+    assert not (tmp_path / "work" / "staged-exchange").exists()
 
 
 def test_ungraded_names_each_student_nbgrader_could_not_grade_and_why():

@@ -163,14 +163,20 @@ def set_due_date(slug: str, due: str) -> int:
 
 
 def collect_from_exchange(slug: str) -> int:
-    """``nbgrader collect``, after setting aside any submission whose files are not owned by the
-    student it names: ``nbgrader submit --student=<anyone>`` lets a student pick the name."""
+    """``nbgrader collect``, from a private copy of the exchange's inbound folder that holds only
+    what :mod:`distlab.grade.exchange` checked: each submission made by the student it names,
+    plain files only, its time from the file system."""
     from distlab.grade import exchange
 
-    refused = exchange.set_aside_impostors(slug)
-    for line in refused:
-        say(f"collect: REFUSED {line}")
-    return nbgrader("collect", slug, "--update")
+    staged = os.path.join(config.private_work_dir(), "staged-exchange")
+    shutil.rmtree(staged, ignore_errors=True)
+    try:
+        for line in exchange.stage_submissions(slug, os.path.join(staged, config.COURSE_ID, "inbound")):
+            say(f"collect: {line}")
+        # The owners were checked on the exchange; the copies are the grader's own.
+        return nbgrader("collect", slug, "--update", f"--Exchange.root={staged}", "--ExchangeCollect.check_owner=False")
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def return_feedback(slug: str) -> int:

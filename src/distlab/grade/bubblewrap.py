@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -178,6 +179,37 @@ def hand_over(folder: str) -> None:
     for parent, dirs, files in os.walk(folder):
         for name in [parent] + [os.path.join(parent, n) for n in dirs + files]:
             os.chown(name, NOBODY, NOBODY, follow_symlinks=False)
+
+
+def take_back(folder: str) -> list[str]:
+    """Undo :func:`hand_over` once every process of the sandbox has ended; return what was removed.
+
+    Everything in ``folder`` was written by student code, and the grader (nbgrader, as root or
+    the instructor) goes on to write the graded notebook there, set permissions and copy the
+    folder into the feedback. A symbolic link left there would make it do all of that to the
+    link's target: overwrite any file through a link named like the notebook, make a private
+    file world-readable, copy the gradebook into what the student gets back. So before the
+    grader touches the folder again, anything in it that is not a plain file or folder (a
+    link, a pipe, a socket), and any file with several names (a hard link), is removed, without
+    ever following a link; what stays is the grader's own again.
+    """
+    removed = []
+    root = os.geteuid() == 0
+    for parent, dirs, files in os.walk(folder):   # never enters a link to a folder
+        for name in dirs + files:
+            path = os.path.join(parent, name)
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                pass
+            elif not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                os.unlink(path)
+                removed.append(os.path.relpath(path, folder))
+                continue
+            if root:
+                os.chown(path, 0, 0, follow_symlinks=False)
+        if root:
+            os.chown(parent, 0, 0, follow_symlinks=False)
+    return removed
 
 
 @functools.lru_cache(maxsize=1)

@@ -128,6 +128,10 @@ class KernelExecute(Execute):
         finally:
             os.environ.pop("DISTLAB_GRADE_KERNEL", None)
             limits.kill_descendants()
+            if os.path.isdir(cwd):  # the student's code is over: its folder is data again
+                for name in bubblewrap.take_back(cwd):
+                    self.log.warning("Removed %s from the graded folder: links and special files "
+                                     "left by student code are never followed", name)
 
     def preprocess_cell(self, cell, resources, index):
         if is_test_cell(cell) or (cell.cell_type == "code" and self._kernel_died):
