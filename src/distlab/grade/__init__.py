@@ -4,7 +4,8 @@ The pieces, in the order a submission meets them:
 
 * :mod:`distlab.grade.__main__` (``python -m distlab.grade``): the instructor's commands:
   release, collect, autograde, feedback, export. Each is a thin, printed wrapper around
-  the nbgrader command of the same job, run with ``grader/nbgrader_config.py``.
+  the nbgrader command of the same job, run with ``grader/nbgrader_config.py`` by
+  :mod:`distlab.grade.run_nbgrader`.
 * :mod:`distlab.grade.nbplugins`: the nbgrader plugins that config installs. The student's
   cells run in a kernel started by :mod:`distlab.grade.kernel` (resource caps, a guard on
   files and processes); the *test* cells are skipped there and run instead by
