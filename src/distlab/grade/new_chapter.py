@@ -45,6 +45,8 @@ from distlab.grade.new_chapter_text import (
 )
 
 SLUG = re.compile(r"^\d\d-[a-z0-9]+(?:-[a-z0-9]+)*$")
+MARKER = "    # new-chapter adds its entry above this line\n"
+"""The line of src/distlab/chapters.py above which a new entry goes."""
 
 
 def package_for(slug: str) -> str:
@@ -67,6 +69,9 @@ def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = N
     registry = (repo / "src" / "distlab" / "chapters.py").read_text()
     if f'Chapter("{slug[:3]}' in registry:
         raise ValueError(f"chapter {slug[:2]} exists already (src/distlab/chapters.py)")
+    last = max(int(n) for n in re.findall(r'Chapter\("(\d\d)-', registry))
+    if int(slug[:2]) < last or MARKER not in registry:
+        raise ValueError(f"{slug}: a new chapter comes after chapter {last}, the last in src/distlab/chapters.py")
     places = {"page": repo / "book" / slug / "index.md", "package": repo / "src" / "distlab" / short,
               "solution": repo / "solutions" / slug / f"{slug}.ipynb",
               "tests": repo / "tests" / f"test_chapter{slug[:2]}.py"}
@@ -90,8 +95,7 @@ def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = N
 
     entry = (f'    Chapter("{slug}", {json.dumps(title)}, "{package}",\n'
              f'            ("{package}.reference:sum_of_squares",), "book/{slug}/index"),\n')
-    marker = "    # new-chapter adds its entry above this line\n"
-    (repo / "src" / "distlab" / "chapters.py").write_text(registry.replace(marker, entry + marker, 1))
+    (repo / "src" / "distlab" / "chapters.py").write_text(registry.replace(MARKER, entry + MARKER, 1))
     written.append(repo / "src" / "distlab" / "chapters.py")
     add_to_toc(repo / "_toc.yml", slug)
     written.append(repo / "_toc.yml")
