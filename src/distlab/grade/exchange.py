@@ -170,7 +170,7 @@ def stage_submissions(assignment: str, staged_inbound: str) -> list[str]:
                     raise Refused(f"names {claimed} but was made by {owner}")
                 copier = _Copier(os.fstat(folder).st_uid)
                 copier.copy_folder(folder, target, "")
-            except Refused as why:
+            except (Refused, OSError) as why:   # OSError: changed under us while it was copied
                 shutil.rmtree(target, ignore_errors=True)
                 notes.append(f"REFUSED {name!r}: {why}")
                 continue
