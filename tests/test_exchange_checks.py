@@ -92,6 +92,31 @@ def test_links_pipes_and_huge_files_are_data_never_followed(tmp_path, monkeypatc
     assert secret.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_file_swapped_for_a_link_between_the_check_and_the_copy_is_refused(tmp_path, monkeypatch):
+    """The race a student can run while collect works: a file that passed the check becomes a
+    link before it is opened. The open does not follow it (O_NOFOLLOW), and the submission is
+    refused with the reason; the other submissions are still collected."""
+    inbound, staged = _exchange(tmp_path, monkeypatch)
+    honest = _submission(inbound, ME, "abc")
+    racer = _submission(inbound, ME, "def")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("THE HIDDEN TESTS")
+    real_stat = os.stat
+
+    def stat_then_swap(name, *args, dir_fd=None, **kwargs):
+        info = real_stat(name, *args, dir_fd=dir_fd, **kwargs)
+        if name == f"{ASSIGNMENT}.ipynb" and os.readlink(f"/proc/self/fd/{dir_fd}") == str(racer):
+            os.unlink(racer / name)
+            os.symlink(secret, racer / name)
+        return info
+
+    monkeypatch.setattr(exchange.os, "stat", stat_then_swap)
+    notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
+
+    assert len(notes) == 1 and notes[0].startswith(f"REFUSED {racer.name!r}: [Errno 40]"), notes
+    assert [p.name for p in staged.iterdir()] == [honest.name]
+
+
 def test_a_submission_time_before_its_files_last_change_is_replaced_by_that_change(tmp_path, monkeypatch):
     """timestamp.txt is written by the student's process; ctime moves to now on every change
     and cannot be set back: a claim more than the slack before it is replaced (lateness and
