@@ -28,7 +28,14 @@ PROFILES = {
     "1x2": {"title": "1 node, 2 tasks", "nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1},
     "2x1": {"title": "2 nodes, 1 task each", "nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1},
 }
-RUNTIMES = {"00:30:00": "30 minutes", "01:00:00": "1 hour", "02:00:00": "2 hours"}
+RUNTIMES = {"00:30:00": "30 minutes", "01:00:00": "1 hour", "02:00:00": "2 hours", "03:00:00": "3 hours"}
+# A lab session (90 minutes to 2 hours) fits in the default. JupyterLab warns 5 minutes before
+# the limit (hub/jupyter/course_clock.py); the idle culler ends a server nobody uses long before.
+DEFAULT_RUNTIME = "02:00:00"
+# Where each job's log goes: a hidden folder of the student's home (JupyterLab's file browser
+# does not show it), made by the student's own sbatch command (the hub never creates or chmods
+# anything in a student's home). `sbatch --output` into a folder that is missing loses the log.
+JOB_LOG_FOLDER = ".jupyterhub-slurm"
 
 
 class SpawnRefused(SpawnException):
@@ -49,6 +56,9 @@ class CourseSlurmSpawner(SlurmSpawner):
 
     # %r: why a pending job waits; %B: the node the batch script (and so the server) runs on.
     batch_query_cmd = "squeue -h -j {job_id} -o '%T %r %B'"
+    # Run as the student (exec_prefix): the log folder is theirs, made before sbatch reads the
+    # script from standard input (hub/slurm-job.sh writes its log there).
+    batch_submit_cmd = f"sh -c 'mkdir -p -m 700 \"$HOME/{JOB_LOG_FOLDER}\" && exec sbatch --parsable'"
 
     def _options_form_default(self) -> str:
         rows = [
@@ -57,7 +67,8 @@ class CourseSlurmSpawner(SlurmSpawner):
             f' <small class="text-muted">({p["nodes"] * p["tasks_per_node"] * p["cpus_per_task"]} cores)</small></label>'
             for i, (name, p) in enumerate(self.profiles.items())
         ]
-        times = "".join(f'<option value="{value}">{label}</option>' for value, label in RUNTIMES.items())
+        times = "".join(f'<option value="{value}"{" selected" if value == DEFAULT_RUNTIME else ""}>{label}</option>'
+                        for value, label in RUNTIMES.items())
         return (
             '<fieldset class="mb-3"><legend class="form-label">Resources (a Slurm job of yours)</legend>'
             + "".join(rows) + "</fieldset>"
@@ -67,7 +78,7 @@ class CourseSlurmSpawner(SlurmSpawner):
 
     def options_from_form(self, formdata: dict) -> dict:
         return {"profile": (formdata.get("profile") or [""])[0],
-                "runtime": (formdata.get("runtime") or ["00:30:00"])[0]}
+                "runtime": (formdata.get("runtime") or [DEFAULT_RUNTIME])[0]}
 
     def job_options(self, user_options: dict) -> dict:
         """The job script's fields for a profile and a time limit, checked against the lists.
@@ -75,7 +86,7 @@ class CourseSlurmSpawner(SlurmSpawner):
         ``user_options`` may also arrive through the hub's REST API, not the form: nothing but
         these two names, with these values, ever reaches the job script.
         """
-        profile, runtime = user_options.get("profile"), user_options.get("runtime", "00:30:00")
+        profile, runtime = user_options.get("profile"), user_options.get("runtime", DEFAULT_RUNTIME)
         if profile not in self.profiles:
             raise SpawnRefused(f"unknown profile {profile!r}: pick one of {', '.join(self.profiles)}", "options")
         if runtime not in RUNTIMES:
@@ -97,6 +108,18 @@ class CourseSlurmSpawner(SlurmSpawner):
     @default("apply_user_options")
     def _check_user_options(self):
         return lambda spawner, user_options: spawner.job_options(user_options)
+
+    def _commit_server_port(self) -> None:
+        """Commit the port batchspawner's ``start`` has just reset on the server's record.
+
+        batchspawner 1.3 sets ``server.port`` at the start of every spawn and commits it only
+        once the job runs. Meanwhile the spawn request's handler, or any other request's,
+        finishes with that change uncommitted, and JupyterHub rolls it back with a warning
+        ("Rolling back dirty objects") in the hub's log, once per spawn: a warning about
+        batchspawner's code, which nobody reading the log can act on.
+        """
+        if self.server is not None and self.db.dirty:
+            self.db.commit()
 
     async def cancel_batch_job(self):
         if self.job_id:  # nothing to cancel once a refused job has been cancelled and forgotten
@@ -125,6 +148,8 @@ class CourseSlurmSpawner(SlurmSpawner):
         """Submit, and give up with Slurm's reason if the job is still queued after queue_timeout."""
         self.user_options = self.job_options(self.user_options or {"profile": next(iter(self.profiles))})
         task = asyncio.ensure_future(super().start())
+        await asyncio.sleep(0)  # batchspawner's start runs up to its first wait (sbatch) ...
+        self._commit_server_port()
         deadline = time.monotonic() + self.queue_timeout
         while not task.done():
             await asyncio.sleep(0.5)

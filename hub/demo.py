@@ -197,6 +197,40 @@ def end_proxy(pid_file: Path, api_port: int, grace: float = 10) -> None:
             return
 
 
+def end_culler(hub_api_url: str, grace: float = 10) -> None:
+    """End the idle culler our hub started, if the hub left it running.
+
+    JupyterHub stops its managed services when it shuts down, giving each up to 20 s; a hub
+    ended sooner (a loaded machine, a killed test) leaves the culler running in a session of
+    its own. It is ended only if its command line names our hub's API (``--url=...``).
+    """
+    ours = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if any("jupyterhub_idle_culler" in arg for arg in cmdline) and f"--url={hub_api_url}" in cmdline:
+            ours.append(proc)
+    for proc in ours:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, left = psutil.wait_procs(ours, timeout=grace)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(left, timeout=5)
+
+
+def _hub_ready(log: Path, url: str) -> bool:
+    """Has the hub said it runs (its proxy has the hub's route), and does it answer?
+
+    Asking its login page through the proxy before then made the proxy log a "404 GET
+    /hub/login" error every 0.2 s while the hub started: errors no person caused."""
+    try:
+        started = b"JupyterHub is now running" in log.read_bytes()
+    except OSError:
+        return False
+    return started and _hub_answers(url)
+
+
 def _hub_answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/hub/login", timeout=2) as response:
@@ -206,8 +240,12 @@ def _hub_answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_timeout: int = 120):
+def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_timeout: int = 120,
+               idle_timeout: int = 3600, activity_interval: int = 60):
     """Cluster, accounts, mirror and hub, all under ``run_dir``; yield what a user needs.
+
+    ``idle_timeout``: seconds without activity after which the idle culler stops a server (and
+    so ends its job); ``activity_interval``: how often servers and proxy report activity.
 
     Yields ``{"url", "passwords", "slurm_conf", "cluster", "log", "mirror"}``. Leaving the block
     stops the hub (and its proxy), cancels every job, ends the daemons; the accounts stay
@@ -242,11 +280,12 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     python = server_python(course_env, run_dir)
     passwords = accounts.create_accounts(course, students=students)
     with slurm_cluster.running_cluster(run_dir / "c") as cluster, git_mirror(run_dir, free_port()) as mirror:
-        port, proxy_api_port = free_port(), free_port()
+        port, proxy_api_port, hub_api_port = free_port(), free_port(), free_port()
         env = dict(os.environ, SLURM_CONF=cluster["slurm_conf"], DISTLAB_HUB_STATE=str(state),
-                   DISTLAB_HUB_COURSE=course, DISTLAB_HUB_PORT=str(port), DISTLAB_HUB_API_PORT=str(free_port()),
+                   DISTLAB_HUB_COURSE=course, DISTLAB_HUB_PORT=str(port), DISTLAB_HUB_API_PORT=str(hub_api_port),
                    DISTLAB_HUB_PROXY_API_PORT=str(proxy_api_port), DISTLAB_HUB_COURSE_ENV=str(course_env),
                    DISTLAB_HUB_SERVER_PYTHON=str(python), DISTLAB_HUB_QUEUE_TIMEOUT=str(queue_timeout),
+                   DISTLAB_HUB_IDLE_TIMEOUT=str(idle_timeout), DISTLAB_HUB_ACTIVITY_INTERVAL=str(activity_interval),
                    DISTLAB_HUB_PARTITION=cluster["partition"],
                    DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}", DISTLAB_HUB_EXCHANGE=str(exchange))
         log = run_dir / "hub.log"
@@ -256,15 +295,16 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                                    stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_for(lambda: _hub_answers(url), START_TIMEOUT, "JupyterHub did not answer", hub, log)
+            _wait_for(lambda: _hub_ready(log, url), START_TIMEOUT, "JupyterHub did not answer", hub, log)
             yield {"url": url, "passwords": passwords, "slurm_conf": cluster["slurm_conf"],
                    "cluster": cluster, "log": log, "mirror": mirror, "hub_pid": hub.pid, "exchange": exchange,
                    "server_python": python,
                    # what the instructor's `python -m distlab.grade` needs in its environment
                    "grade_env": {"DISTLAB_GRADE_WORK": str(grading), "DISTLAB_GRADE_EXCHANGE": str(exchange)}}
         finally:
-            _end(hub)
+            _end(hub, grace=30)   # JupyterHub gives its services up to 20 s to stop
             end_proxy(state / "proxy.pid", proxy_api_port)
+            end_culler(f"http://127.0.0.1:{hub_api_port}/hub/api")
 
 
 def example_due_date() -> str:

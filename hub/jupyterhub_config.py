@@ -68,6 +68,11 @@ c.Spawner.environment = {
     "JUPYTER_PATH": str(course_env / "share" / "jupyter"),
     "JUPYTERLAB_DIR": str(course_env / "share" / "jupyter" / "lab"),
     "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",  # compute nodes have no internet
+    # JupyterLab warns this many seconds before the job's time limit (hub/jupyter/course_clock.py).
+    "DISTLAB_HUB_TIME_WARNING": os.environ.get("DISTLAB_HUB_TIME_WARNING", "300"),
+    # How often the server tells the hub it is in use (kernels busy, files saved): the idle
+    # culler below reads that, so it must be well under the idle timeout.
+    "JUPYTERHUB_ACTIVITY_INTERVAL": os.environ.get("DISTLAB_HUB_ACTIVITY_INTERVAL", "60"),
 }
 # Compute nodes have no internet, so the course repository the book's launch links name
 # (https://github.com/...) is fetched from a mirror inside the centre: git's `insteadOf`
@@ -96,5 +101,27 @@ c.Spawner.http_timeout = 120
 # Ask Slurm every 15 s whether the job still runs: a job that hit its --time limit is noticed
 # within a minute, and the student is offered a new start.
 c.Spawner.poll_interval = 15
-c.JupyterHub.last_activity_interval = 60
+c.JupyterHub.last_activity_interval = int(os.environ.get("DISTLAB_HUB_ACTIVITY_INTERVAL", "60"))
+# The spawn page shows the job's progress at once (a Slurm job takes longer than JupyterHub's
+# default 10 s to start, and it warned "User ... is slow to start" for every spawn).
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+
+# -- servers nobody uses are ended --------------------------------------------------------------
+# jupyterhub-idle-culler (JupyterHub's standard service) stops a server with no activity for
+# DISTLAB_HUB_IDLE_TIMEOUT seconds: no open JupyterLab tab, no kernel at work. Stopping cancels
+# the Slurm job, so its cores go back to the queue; the student's files stay, kernels end.
+# CENTRE: the timeout your cluster's queue needs (0 switches the culler off).
+idle_timeout = int(os.environ.get("DISTLAB_HUB_IDLE_TIMEOUT", "3600"))
+if idle_timeout > 0:
+    c.JupyterHub.services = [{
+        "name": "idle-culler",
+        # --url names this hub's API: hub/demo.py ends a culler its hub left behind by it
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--url={c.JupyterHub.hub_bind_url}/hub/api",
+                    f"--timeout={idle_timeout}", f"--cull-every={max(10, min(300, idle_timeout // 6))}"],
+    }]
+    c.JupyterHub.load_roles = [{
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    }]
 c.JupyterHub.log_level = os.environ.get("DISTLAB_HUB_LOG_LEVEL", "INFO")

@@ -1,9 +1,11 @@
 #!/bin/bash
 # The Slurm job that runs one student's Jupyter server. batchspawner fills in the fields in
 # double braces (the spawner's req_* settings and the profile the student picked) and submits
-# the script with `sbatch` as the student.
+# the script with `sbatch` as the student. The job's log goes to a hidden folder of the home
+# (~/.jupyterhub-slurm/<job id>.log, made by the spawner's submit command): not the first thing
+# the student's file browser shows, still there to read when a server misbehaves.
 #SBATCH --job-name=jupyterhub
-#SBATCH --output={{homedir}}/jupyterhub-slurm-%j.log
+#SBATCH --output={{homedir}}/.jupyterhub-slurm/%j.log
 #SBATCH --chdir={{homedir}}
 #SBATCH --export={{keepvars}}
 #SBATCH --partition={{partition}}

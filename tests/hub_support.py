@@ -22,20 +22,50 @@ import accounts  # noqa: E402
 import demo  # noqa: E402
 
 
-def course_hub_for_a_module(course: str, students: int, queue_timeout: int, artifacts: Path):
-    """A generator for a module-scoped fixture (``yield from`` it): yields course_hub's dict."""
+def course_hub_for_a_module(course: str, students: int, queue_timeout: int, artifacts: Path, **options):
+    """A generator for a module-scoped fixture (``yield from`` it): yields course_hub's dict.
+    ``options`` go to course_hub as they are (idle_timeout, activity_interval)."""
     artifacts.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{course}-", dir="/tmp"))  # short: Slurm's sockets live below
     try:
-        with demo.course_hub(run_dir, course, students=students, queue_timeout=queue_timeout) as info:
+        with demo.course_hub(run_dir, course, students=students, queue_timeout=queue_timeout, **options) as info:
             yield info
     except (demo.HubError, demo.slurm_cluster.ClusterError) as exc:
         pytest.fail(str(exc), pytrace=False)
     finally:
         if (run_dir / "hub.log").exists():
             shutil.copy(run_dir / "hub.log", artifacts / "hub.log")
+        for job_log in Path("/home").glob(f"{course}-*/{JOB_LOGS}/*.log"):  # before the homes go
+            shutil.copy(job_log, artifacts / f"job-{job_log.parent.parent.name}-{job_log.name}")
         accounts.remove_accounts(course)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+JOB_LOGS = ".jupyterhub-slurm"  # in a student's home: each server job's log (hub/slurm-job.sh)
+
+
+def job_log(student: str, job: str) -> Path:
+    return Path(f"/home/{student}") / JOB_LOGS / f"{job}.log"
+
+
+# A log line at warning level or above: JupyterHub's and Jupyter server's "[W ...", "[E ...",
+# "[C ..." and configurable-http-proxy's "warn" and "error" (coloured), Python's warnings.
+_WARNING = re.compile(r"^\[[WEC] \d{4}-|\[ConfigProxy\] (?:\x1b\[\d+m)?(?:warn|error)|\w+Warning: ", re.M)
+
+# Warnings a person caused, with the person: they may appear in a log; nothing else may.
+CAUSED_BY_A_PERSON = {
+    "Running JupyterHub without SSL": "the operator (the demo listens on 127.0.0.1 only)",
+    "Event loop was unresponsive": "whoever loaded the machine (tests beside a book build)",
+    "Failed login for": "someone who typed a wrong password or user name",
+    "PAM Authentication failed": "the same person, as PAM saw it",
+    "403 POST /hub/login": "the same person, as the hub answered them",
+}
+
+
+def uncaused_warnings(text: str) -> list[str]:
+    """The warning lines of a log (hub, proxy, a server's job) no person's action explains."""
+    lines = [line for line in text.splitlines() if _WARNING.search(line)]
+    return [line for line in lines if not any(known in line for known in CAUSED_BY_A_PERSON)]
 
 
 def run_cell(page, cell, tries: int = 3) -> None:

@@ -32,12 +32,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 COURSE = "dlt"
 ARTIFACTS = REPO / "artifacts" / "hub"
+# The idle culler's timeout on this module's hub (the course's default is an hour), and how
+# often servers and proxy report activity. Every other test keeps its server busy (an open
+# JupyterLab polls the server every few seconds): were a server in use culled, they would fail.
+IDLE_TIMEOUT, ACTIVITY_INTERVAL = 90, 10
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 @pytest.fixture(scope="module")
 def hub():
-    yield from hub_support.course_hub_for_a_module(COURSE, students=2, queue_timeout=20, artifacts=ARTIFACTS)
+    yield from hub_support.course_hub_for_a_module(COURSE, students=2, queue_timeout=20, artifacts=ARTIFACTS,
+                                                   idle_timeout=IDLE_TIMEOUT, activity_interval=ACTIVITY_INTERVAL)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +94,7 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
     """`make hub`'s command, as a person runs it: up, the URL answers, Ctrl-C, nothing left."""
     course = "dlu"
     demo_cmd = [sys.executable, str(REPO / "hub" / "demo.py")]
+    cullers_before = cullers()
     proc = subprocess.Popen([*demo_cmd, "up", "--course", course], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
@@ -117,6 +123,7 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         left = [p.pid for p in psutil.process_iter(["cmdline"])
                 if str(run_dir) in " ".join(p.info["cmdline"] or [])]
         assert not left, f"processes of the demo hub outlived it: {left}"
+        assert cullers() == cullers_before, "the hub's idle culler (a session of its own) outlived it"
         with pytest.raises(OSError):
             urllib.request.urlopen(url + "/hub/login", timeout=5)
     finally:
@@ -126,6 +133,11 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         cleaned = subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
     assert "removed 4 account(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
     assert not accounts.course_accounts(course)
+
+
+def cullers() -> set[int]:
+    return {p.pid for p in psutil.process_iter(["cmdline"])
+            if any("jupyterhub_idle_culler" in arg for arg in p.info["cmdline"] or [])}
 
 
 def test_a_proxy_left_by_a_hub_that_died_is_ended_and_no_other_process(tmp_path):
@@ -180,10 +192,16 @@ def test_wrong_password_and_unknown_user_are_refused_and_nothing_spawns(hub, chr
         page.screenshot(path=str(ARTIFACTS / f"00-refused-{user}.png"))
         page.context.close()
     assert squeue(hub) == [], "a refused login started a job"
+    # The hub's start and the refusals: no warning but those a person caused (the refusals'
+    # "Failed login"); the proxy logged "404 GET /hub/login" while demo.py asked too early.
+    log = Path(hub["log"]).read_text()
+    assert "Failed login for 'nobody-here'" in log
+    assert hub_support.uncaused_warnings(log) == [], log[-3000:]
 
 
 def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub, chromium):
     student, other = f"{COURSE}-student1", f"{COURSE}-student2"
+    hub_log_at_start = len(Path(hub["log"]).read_bytes())
     page = log_in(chromium, hub, student, hub["passwords"][student], "01")
 
     # The spawn form: two profiles; pick the two-node one.
@@ -195,12 +213,15 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     expect(page.locator(".jp-LabShell")).to_be_visible(timeout=60_000)  # JupyterLab, not an error page
     page.screenshot(path=str(ARTIFACTS / "03-server-running.png"))
 
-    # The server is a Slurm job of the student, on two nodes; its log is in the student's home.
+    # The server is a Slurm job of the student, on two nodes; its log is in a hidden folder of
+    # the student's home: the home's file browser shows nothing the student did not make.
     jobs = squeue(hub, "--format=%i %u %T %D")
     assert len(jobs) == 1 and jobs[0][1:] == [student, "RUNNING", "2"], jobs
     job = jobs[0][0]
     home = Path(f"/home/{student}")
-    assert (home / f"jupyterhub-slurm-{job}.log").exists()
+    server_log_file = hub_support.job_log(student, job)
+    assert server_log_file.exists() and server_log_file.stat().st_uid == home.stat().st_uid
+    assert [p.name for p in home.iterdir() if not p.name.startswith(".")] == [], "the job left files in view"
     assert "Spawner.db is deprecated" not in Path(hub["log"]).read_text(), "a warning no operator can act on"
 
     # The book's launch button for chapter 0: nbgitpuller clones the course into the home.
@@ -211,7 +232,7 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     expect(notebook.locator(".jp-Cell").first).to_be_visible(timeout=60_000)
     hub_support.expect_kernel_idle(page)  # started with the page: no "Select Kernel" (hub/jupyter/course_sessions.py)
     assert not page.locator(".jp-Dialog").count(), page.locator(".jp-Dialog").first.inner_text()
-    server_log = (home / f"jupyterhub-slurm-{job}.log").read_text()
+    server_log = server_log_file.read_text()
     assert ("course_sessions: started kernel 'python3' for distlab/notebooks/00-first-steps/00-first-steps.ipynb"
             in server_log), server_log[-3000:]
     page.screenshot(path=str(ARTIFACTS / "04-chapter-0-opened.png"))
@@ -272,6 +293,17 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
     saved = (home / "distlab" / "notebooks" / "00-first-steps" / "00-first-steps.ipynb").read_text()
     assert "%%distributed -n 2" in saved, "following the launch link again lost the student's edits"
+
+    # Quiet logs: a spawn, the launch link, a notebook and its ranks left no warning in the hub's
+    # log nor in the job's that no person caused (e.g. "Rolling back dirty objects" from
+    # batchspawner, "'extra_template_paths' was found in both NotebookApp and ServerApp" from
+    # Notebook 7's configuration shim, "is slow to start" for every Slurm job).
+    hub_log = Path(hub["log"]).read_bytes()[hub_log_at_start:].decode(errors="replace")
+    assert "Rolling back dirty objects" not in hub_log and "is slow to start" not in hub_log, hub_log[-3000:]
+    assert hub_support.uncaused_warnings(hub_log) == [], hub_log[-3000:]
+    server_log = server_log_file.read_text()
+    assert "extra_template_paths" not in server_log, server_log[-3000:]
+    assert hub_support.uncaused_warnings(server_log) == [], server_log[-3000:]
 
     # Another student can neither open this server through the hub ...
     intruder = log_in(chromium, hub, other, hub["passwords"][other], "06")
@@ -340,8 +372,15 @@ def test_a_server_past_its_time_limit_is_noticed_and_can_start_again(hub, chromi
     expect(page.locator(".jp-LabShell")).to_be_visible(timeout=120_000)
     kept = Path(f"/home/{student}/my-work.txt")
     subprocess.run(["/usr/sbin/runuser", "-u", student, "--", "sh", "-c", f"echo mine > {kept}"], check=True)
-    (job, user, nodes), = [row[:3] for row in squeue(hub, "--format=%i %u %D")]
-    assert (user, nodes) == (student, "1")
+    (job, user, nodes, limit), = [row[:4] for row in squeue(hub, "--format=%i %u %D %l")]
+    assert (user, nodes, limit) == (student, "1", "2:00:00"), "the default is not a lab session's 2 hours"
+    # JupyterLab warns 5 minutes before the limit: cut it to 4 minutes from the job's start.
+    warning = page.get_by_text(re.compile(r"Your server ends in about \d minutes? \(at \d\d:\d\d\)"))
+    expect(warning).to_have_count(0)
+    scontrol(hub, "update", f"JobId={job}", "TimeLimit=4")
+    expect(warning).to_be_visible(timeout=75_000)  # the page asks every 30 s, the server caches 15 s
+    expect(page.get_by_text(re.compile(r"its time limit\. Save your notebooks: files stay, kernels end\.$"))).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "10-time-limit-warning.png"))
     scontrol(hub, "update", f"JobId={job}", "TimeLimit=1")  # the shortest limit Slurm has
     deadline = time.monotonic() + 120
     while squeue(hub) and time.monotonic() < deadline:
@@ -362,4 +401,41 @@ def test_a_server_past_its_time_limit_is_noticed_and_can_start_again(hub, chromi
     assert offers_a_start(), "the hub still shows the server as running a minute after its job ended"
     print(f"the hub noticed the job's end after {noticed:.0f} s")
     assert kept.read_text() == "mine\n"
+    page.context.close()
+
+
+@pytest.mark.timeout(600)
+def test_an_idle_server_is_culled_and_its_slurm_job_ends(hub, chromium):
+    """jupyterhub-idle-culler (a service of the hub) stops a server nobody has used for the idle
+    timeout (90 s on this module's hub): the student closed the tab and walked away. Stopping
+    cancels the Slurm job, so its cores go back to the queue; the student's files stay.
+    Not before the timeout: the job still runs most of the timeout after the tab closed."""
+    student = f"{COURSE}-student1"
+    page = log_in(chromium, hub, student, hub["passwords"][student], "11")
+    page.check("input[name=profile][value='1x2']")
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    expect(page.locator(".jp-LabShell")).to_be_visible(timeout=120_000)
+    (job, user), = [row[:2] for row in squeue(hub, "--format=%i %u")]
+    assert user == student
+    kept = Path(f"/home/{student}/notes.txt")
+    subprocess.run(["/usr/sbin/runuser", "-u", student, "--", "sh", "-c", f"echo kept > {kept}"], check=True)
+    page.context.close()   # no tab open: nothing asks the server anything any more
+    closed = time.monotonic()
+
+    time.sleep(IDLE_TIMEOUT - 2 * ACTIVITY_INTERVAL)
+    assert squeue(hub, "--format=%i") == [[job]], "the server was ended before its idle timeout"
+    cull_every = max(10, min(300, IDLE_TIMEOUT // 6))   # hub/jupyterhub_config.py's rule
+    bound = IDLE_TIMEOUT + cull_every + ACTIVITY_INTERVAL + 90   # + stopping a job on a loaded machine
+    while squeue(hub) and time.monotonic() - closed < bound:
+        time.sleep(2)
+    waited = time.monotonic() - closed
+    assert not squeue(hub), f"the idle server's job still runs {waited:.0f} s after its tab closed"
+    print(f"the idle server's job ended {waited:.0f} s after its tab closed (idle timeout {IDLE_TIMEOUT} s)")
+    log = Path(hub["log"]).read_text()
+    assert re.search(rf"Culling server {student} \(inactive for", log), log[-3000:]
+    assert kept.read_text() == "kept\n", "culling lost the student's files"
+
+    page = log_in(chromium, hub, student, hub["passwords"][student], "12")   # back after the break
+    expect(page.locator("form#spawn_form")).to_be_visible(timeout=60_000)    # a new start is offered
+    page.screenshot(path=str(ARTIFACTS / "12-after-idle-cull-spawn-again.png"))
     page.context.close()

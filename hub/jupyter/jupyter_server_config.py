@@ -5,16 +5,64 @@ servers' JUPYTER_CONFIG_PATH, see hub/jupyterhub_config.py).
   through the Assignments tab, they do not grade.
 - ``course_sessions`` (beside this file) starts a notebook's kernel when its URL is opened, so
   that JupyterLab never asks a student to pick a kernel (see that module for why it would).
+- ``course_clock`` tells JupyterLab how long the server's Slurm job has left, and
+  ``course_feedback`` serves a student's returned feedback as a page with MathJax from the
+  course environment; the JupyterLab side of both is ``labextensions/distlab-course`` (one
+  hand-written file, no build step), found through ``LabApp.extra_labextensions_path``.
+- Quiet job logs: a warning in a student's job log should mean something happened that a
+  person can act on. These did not, and came with every server or every connection:
+  * ``'extra_template_paths' was found in both NotebookApp and ServerApp`` (once per start):
+    JupyterHub's single-user extension sets that trait for the classic notebook's templates,
+    and JupyterLab's configuration shim reports it, a note to both projects' developers;
+  * ``Skipping XSRF check for insecure request GET .../channels`` (every websocket):
+    JupyterHub notes that the browser did not say the request's fetch mode; the request is a
+    read or a websocket that JupyterHub has already authenticated;
+  * ``Notebook ... is not trusted`` (every open and save): notebook trust (signatures) guards
+    HTML and JavaScript outputs; every notebook a student clones or fetches starts untrusted,
+    and JupyterLab shows its outputs as such anyway;
+  * ``The websocket_ping_timeout (90000) cannot be longer than the websocket_ping_interval``
+    (once per server): Jupyter Server's ping timeout (3 intervals, which its own check of
+    late pongs needs: a timeout of one interval closed kernel connections under load)
+    against a rule of Tornado's newer versions.
+  The filter below drops exactly these messages, nothing else.
 """
 
+import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
+HERE = Path(__file__).resolve().parent
 c.ServerApp.jpserver_extensions.update({
     "course_sessions": True,
+    "course_clock": True,
+    "course_feedback": True,
     "nbgrader.server_extensions.formgrader": False,
     "nbgrader.server_extensions.course_list": False,
 })
+c.LabApp.extra_labextensions_path = [str(HERE / "labextensions")]
+
+
+class NobodyCanActOnIt(logging.Filter):
+    """Drop the log records (see above) that carry nothing a student or instructor can act on."""
+
+    MESSAGES = ("'extra_template_paths' was found in both NotebookApp and ServerApp",
+                "Skipping XSRF check for insecure request ", "The websocket_ping_timeout (")
+    TRUST = " is not trusted"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message.startswith("Notebook "):
+            return not message.endswith(self.TRUST)
+        return not message.startswith(self.MESSAGES)
+
+
+# JupyterLab's and Notebook 7's loggers (the shim's note), Tornado's application and general
+# loggers (JupyterHub's XSRF note, the ping rule; Jupyter Server renames them "ServerApp" when
+# it sets up logging) and the server's own (trust).
+for _name in ("LabApp", "JupyterNotebookApp", "tornado.application", "tornado.general", "ServerApp"):
+    logging.getLogger(_name).addFilter(NobodyCanActOnIt())
