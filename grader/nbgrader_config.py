@@ -37,6 +37,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_REPO, "src"))  # this checkout's distlab, even if not installed
 
 from distlab.grade import config as _grading  # noqa: E402
+from distlab.grade import feedback as _feedback  # noqa: E402
 from distlab.grade import nbplugins as _plugins  # noqa: E402
 
 c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
@@ -98,8 +99,13 @@ c.Autograde.autograde_preprocessors = [
 ]
 
 # Feedback: never show hidden tests, nor what a hidden test printed or raised in detail.
+# Each test is named after its task and what it checks, formulas render with MathJax from the
+# student's own server, not a CDN (distlab.grade.feedback, hub/jupyter/course_feedback.py).
+c.HTMLExporter.template_name = _feedback.TEMPLATE_NAME
+c.HTMLExporter.extra_template_basedirs = [str(_feedback.TEMPLATES)]
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
+    _feedback.NameTests,
     _plugins.HideHiddenTestDetails,
     _plugins.QuietClearHiddenTests,
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",

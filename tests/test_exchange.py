@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grading_support as grading
 import hub_support
+import nbformat
 import pytest
 from book_browser import CHROMIUM_ARGS, find_chromium
 from playwright.sync_api import expect, sync_playwright
@@ -31,7 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
 
+from distlab.grade import feedback as feedback_pages  # noqa: E402
+
 COURSE = "dle"
+FORMULA = r"$\sum_{r=0}^{N-1} g_r / N$"   # typed by the browser student into a Markdown cell
 SLUG = grading.SLUG
 ARTIFACTS = REPO / "artifacts" / "exchange"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a hang guard: under load average 15 the flow took over 600 s
@@ -122,6 +126,13 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         cells = notebook.locator(".jp-CodeCell")
         hub_support.run_cell(page, cells.nth(0))                                          # imports
         hub_support.run_cell(page, answer)                                                # the answer
+        # A note of the student's own, with a formula: the feedback page shows it typeset.
+        page.keyboard.press("Escape")
+        page.keyboard.press("b")        # a new cell below the answer ...
+        page.keyboard.press("m")        # ... as Markdown
+        page.keyboard.press("Enter")
+        page.keyboard.insert_text(f"My note: {FORMULA}")
+        page.keyboard.press("Shift+Enter")
         task1_tests = notebook.locator(".jp-CodeCell", has_text="# Task 1 tests")
         hub_support.run_cell(page, task1_tests)                                           # 4 ranks, srun
         assert not task1_tests.locator(".jp-OutputArea-output[data-mime-type*='error']").count()
@@ -212,11 +223,38 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         submitted.locator("button:has-text('Fetch Feedback')").click()
         expect(submitted.locator("a:has-text('view feedback')")).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "05-feedback-fetched.png"))
-        home = Path(f"/home/{browser_student}")
-        html = next((home / SLUG / "feedback").rglob(f"{SLUG}.html"))
-        page.goto(course["url"] + f"/user/{browser_student}/files/{html.relative_to(home)}")
-        expect(page.locator("body")).to_contain_text(re.compile(r"Score:\s*1\.0\s*/\s*6\.0"))  # what is asserted
-        page.screenshot(path=str(ARTIFACTS / "06-feedback-score.png"), full_page=False)
-        text = page.locator("body").inner_text()
+        # One click on "(view feedback)" opens the feedback page (hub/jupyter/labextensions):
+        # not a move of the file browser into a folder, not an HTML file behind "Trust HTML".
+        requested: list[str] = []   # by every page of the student's browser from here on
+        page.context.on("request", lambda request: requested.append(request.url))
+        with page.context.expect_page() as opened:
+            submitted.locator("a:has-text('view feedback')").click()
+        feedback_page = opened.value
+        feedback_page.wait_for_load_state()
+        assert f"/user/{browser_student}/course/feedback/{SLUG}/feedback/" in feedback_page.url, feedback_page.url
+        body = feedback_page.locator("body")
+        expect(body).to_contain_text(re.compile(r"Score:\s*1\.0\s*/\s*6\.0"))  # what is asserted
+        # The formula is typeset by MathJax from the student's own server: offline, no CDN.
+        expect(feedback_page.locator("mjx-container").first).to_be_visible(timeout=30_000)
+        feedback_page.wait_for_load_state("networkidle")
+        feedback_page.screenshot(path=str(ARTIFACTS / "06-feedback-score.png"), full_page=False)
+        outside = [url for url in requested if not url.startswith(course["url"] + "/")]
+        assert not outside, f"the feedback page asked for something outside the hub: {outside}"
+        assert any("/course/mathjax/" in url for url in requested), requested
+        text = body.inner_text()
         assert "NotImplementedError" in text  # why task 2 failed, as its test cell reported it
+        assert "My note:" in text and "\\sum_" not in text, "the formula was not typeset"
+        # Each test is named after its task and what it checks, with its verdict.
+        assert "Test cell" not in text and "Grade cell" not in text, text[:3000]
+        assert re.search(r"Task 1 [^\n]*checks my_rank\(\) on 4 ranks: passed", text), text[:3000]
+        assert re.search(r"Task 2 [^\n]*: failed", text), text[:3000]
+        released = nbformat.read(str(released_notebook(course)), as_version=4)
+        named, _ = feedback_pages.NameTests().preprocess(released, {})
+        for cell in named.cells:
+            if "distlab_feedback" in cell.metadata:
+                label = f"{cell.metadata.distlab_feedback.task} — checks {cell.metadata.distlab_feedback.checks}"
+                assert label in text, f"no test named {label!r} in the feedback page"
+        # Hidden tests stay hidden on the page too.
+        assert not [line for line in grading.hidden_test_lines(SLUG) if line.strip() and line in text]
+        feedback_page.close()
         chromium.close()
