@@ -335,23 +335,31 @@ def test_a_submission_escaping_through_ctypes_scores_zero_and_leaves_the_class_i
     assert course.integrity() == "ok"
 
 
+def collect_between_two_honest_students(tmp_path, hostile_name: str, student: str):
+    """A course with grader/hostile/<hostile_name>.py handed in by ``student`` between two honest
+    students (nbgrader grades in name order: aa-honest, then it, then zz-honest), collected.
+    Returns the course and the hostile submission's description."""
+    sys.path.insert(0, str(REPO / "grader" / "hostile"))
+    import build as hostile
+
+    spec = hostile.specs()[hostile_name]
+    course = Course(tmp_path / "work")
+    release = course.release()
+    incoming = fresh_dir(tmp_path / "incoming")
+    for honest in ("aa-honest", "zz-honest"):
+        course.submit(incoming, honest, with_answers(release, solution_answers(SLUG)))
+    course.submit(incoming, student, hostile.build(spec, str(release)))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    return course, spec
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_rank_cannot_forge_the_clean_rooms_verdict(tmp_path):
     """grader/hostile/forge_verdict.py graded between two honest students: its ranks write a
     verdict of "all passed" where the grader used to read it (raw libc calls: past any Python
     guard), then kill the clean room. Its every answer is wrong, so any point it gets was forged."""
-    sys.path.insert(0, str(REPO / "grader" / "hostile"))
-    import build as hostile
-
-    spec = hostile.specs()["forge_verdict"]
-    course = Course(tmp_path / "work")
-    release = course.release()
-    incoming = fresh_dir(tmp_path / "incoming")
-    for student in ("aa-honest", "zz-honest"):
-        course.submit(incoming, student, with_answers(release, solution_answers(SLUG)))
-    course.submit(incoming, "mm-forger", hostile.build(spec, str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    course, _ = collect_between_two_honest_students(tmp_path, "forge_verdict", "mm-forger")
     course.grade("autograde", SLUG)
 
     scores = course.scores()
@@ -369,17 +377,7 @@ def test_links_left_in_the_graded_folder_are_removed_before_the_grader_writes_th
     kernel replaces its notebook by a link to a file beside the gradebook and links the
     gradebook itself. Before, nbgrader (as root) wrote the graded notebook through the first
     link, set the gradebook's mode and copied it into the feedback through the second."""
-    sys.path.insert(0, str(REPO / "grader" / "hostile"))
-    import build as hostile
-
-    spec = hostile.specs()["plant_links"]
-    course = Course(tmp_path / "work")
-    release = course.release()
-    incoming = fresh_dir(tmp_path / "incoming")
-    for student in ("aa-honest", "zz-honest"):
-        course.submit(incoming, student, with_answers(release, solution_answers(SLUG)))
-    course.submit(incoming, "mm-links", hostile.build(spec, str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    course, spec = collect_between_two_honest_students(tmp_path, "plant_links", "mm-links")
     gradebook = course.work / "gradebook.db"
     mode = gradebook.stat().st_mode
     assert course.grade("autograde", SLUG).returncode == 0, course.log
