@@ -9,6 +9,10 @@ its spec manager keeps none until its next poll a minute later, and the notebook
 knows it still reproduces the problem); with it the kernel is running before the page loads,
 JupyterLab connects to it and never asks.
 
+The contents manager of hub/jupyter, ``course_contents``, is tried here too, on the same kind
+of server: a released notebook opens unmodified, though its kernel reports other metadata
+than the release holds (without it, JupyterLab marks it modified, checked too).
+
 A real JupyterLab server (the course environment's, with the hub's Jupyter settings from
 hub/jupyter) on loopback, driven by Debian's Chromium; both are this test's children and are
 ended with it.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -25,6 +30,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import hub_support
 import pytest
 from book_browser import CHROMIUM_ARGS, find_chromium
 from hub_support import demo
@@ -37,7 +43,8 @@ TOKEN = "course-sessions-test"
 
 @pytest.fixture
 def jupyter_server(tmp_path):
-    """Start ``jupyter lab`` with the hub's settings, with or without ``course_sessions``."""
+    """Start ``jupyter lab`` with the hub's settings, with or without ``course_sessions``;
+    ``start.root`` is then the new server's root folder (two notebooks in it)."""
     started = []
 
     def start(with_course_sessions: bool, *options: str) -> str:
@@ -57,6 +64,7 @@ def jupyter_server(tmp_path):
              *options],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         started.append(proc)
+        start.root = root
         url = f"http://127.0.0.1:{port}"
         demo._wait_for(lambda: answers(f"{url}/api/status?token={TOKEN}"), 60, "jupyter lab did not answer",
                        proc, Path(log.name))
@@ -165,3 +173,60 @@ def test_a_user_who_may_not_run_kernels_starts_none_by_opening_a_notebook(jupyte
         assert answer.status == 200 and b"jupyter-config-data" in answer.read()
     with urllib.request.urlopen(f"{url}/api/sessions?token={TOKEN}", timeout=10) as answer:
         assert json.load(answer) == []
+
+
+# -- course_contents: opening a released notebook does not mark it modified -----------------
+
+def released_by_another_python(root: Path) -> Path:
+    """Chapter 0's release as an instructor's machine with another Python would write it: its
+    ``language_info`` names that Python's version, its kernelspec that install's display name."""
+    nb = json.loads((REPO / "notebooks" / "00-first-steps" / "00-first-steps.ipynb").read_text())
+    nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb["metadata"]["language_info"] = {"name": "python", "version": "3.10.99", "mimetype": "text/x-python",
+                                       "codemirror_mode": {"name": "ipython", "version": 3},
+                                       "pygments_lexer": "ipython3", "nbconvert_exporter": "python",
+                                       "file_extension": ".py"}
+    path = root / "released.ipynb"
+    path.write_text(json.dumps(nb, indent=1))
+    return path
+
+
+def modified_after_opening(url: str, notebook: str, shot: str) -> bool:
+    """Open ``notebook`` in Chromium, wait until its kernel is idle and a little more: does
+    JupyterLab mark it modified (the dirty mark on its tab)?"""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(f"{url}/lab/tree/{notebook}?token={TOKEN}")
+            expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+            hub_support.expect_kernel_idle(page)
+            page.wait_for_timeout(3000)   # the kernel's metadata reaches the model just before Idle shows
+            page.screenshot(path=str(ARTIFACTS / shot))
+            return page.locator(".jp-mod-dirty").count() > 0
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_released_notebook_opens_unmodified_though_another_python_released_it(jupyter_server):
+    # The problem, reproduced with Jupyter Server's own contents manager: JupyterLab writes the
+    # kernel's metadata, which differs from the release's, and marks the notebook modified.
+    plain = jupyter_server(True, "--ServerApp.contents_manager_class="
+                                 "jupyter_server.services.contents.largefilemanager.AsyncLargeFileManager")
+    released_by_another_python(jupyter_server.root)
+    assert modified_after_opening(plain, "released.ipynb", "released-plain-contents-manager.png"), \
+        "opening did not mark the notebook modified: the test no longer reproduces the problem"
+
+    url = jupyter_server(True)   # the hub's settings: hub/jupyter/course_contents.py
+    on_disk = released_by_another_python(jupyter_server.root).read_bytes()
+    assert not modified_after_opening(url, "released.ipynb", "released-course-contents-manager.png"), \
+        "opening the released notebook marked it modified"
+    # What the server handed JupyterLab is what this server's kernel reports; the file is untouched.
+    with urllib.request.urlopen(f"{url}/api/contents/released.ipynb?token={TOKEN}", timeout=30) as answer:
+        metadata = json.load(answer)["content"]["metadata"]
+    assert metadata["kernelspec"] == {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    assert metadata["language_info"]["version"] == platform.python_version()
+    assert (jupyter_server.root / "released.ipynb").read_bytes() == on_disk

@@ -5,6 +5,9 @@ servers' JUPYTER_CONFIG_PATH, see hub/jupyterhub_config.py).
   through the Assignments tab, they do not grade.
 - ``course_sessions`` (beside this file) starts a notebook's kernel when its URL is opened, so
   that JupyterLab never asks a student to pick a kernel (see that module for why it would).
+- ``course_contents`` is the contents manager: a notebook reaches JupyterLab with the
+  ``kernelspec`` and ``language_info`` its kernel will report, so opening it does not mark it
+  modified.
 - ``course_clock`` tells JupyterLab how long the server's Slurm job has left, and
   ``course_feedback`` serves a student's returned feedback as a page with MathJax from the
   course environment; the JupyterLab side of both is ``labextensions/distlab-course`` (one
@@ -42,6 +45,7 @@ c.ServerApp.jpserver_extensions.update({
     "nbgrader.server_extensions.formgrader": False,
     "nbgrader.server_extensions.course_list": False,
 })
+c.ServerApp.contents_manager_class = "course_contents.CourseContentsManager"
 c.LabApp.extra_labextensions_path = [str(HERE / "labextensions")]
 
 
