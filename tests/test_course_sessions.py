@@ -9,9 +9,11 @@ its spec manager keeps none until its next poll a minute later, and the notebook
 knows it still reproduces the problem); with it the kernel is running before the page loads,
 JupyterLab connects to it and never asks.
 
-The contents manager of hub/jupyter, ``course_contents``, is tried here too, on the same kind
-of server: a released notebook opens unmodified, though its kernel reports other metadata
-than the release holds (without it, JupyterLab marks it modified, checked too).
+The two other pieces of hub/jupyter that act when a notebook opens are tried here too, on the
+same kind of server: ``course_contents`` (a released notebook opens unmodified, though its
+kernel reports other metadata than the release holds; without it, JupyterLab marks it
+modified, checked too) and ``course_launch`` (the book's launch button opens the student's
+fetched copy of a released assignment, the copy that is handed in).
 
 A real JupyterLab server (the course environment's, with the hub's Jupyter settings from
 hub/jupyter) on loopback, driven by Debian's Chromium; both are this test's children and are
@@ -24,9 +26,11 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -47,7 +51,7 @@ def jupyter_server(tmp_path):
     ``start.root`` is then the new server's root folder (two notebooks in it)."""
     started = []
 
-    def start(with_course_sessions: bool, *options: str) -> str:
+    def start(with_course_sessions: bool, *options: str, extra_env: dict | None = None) -> str:
         root = tmp_path / f"root-{len(started)}"
         root.mkdir()
         for name, kernel in (("chapter.ipynb", "python3"), ("odd-kernel.ipynb", "not-installed")):
@@ -56,13 +60,15 @@ def jupyter_server(tmp_path):
         switch = [] if with_course_sessions else ["--ServerApp.jpserver_extensions=course_sessions=False"]
         env = dict(os.environ, JUPYTER_CONFIG_PATH=f"{REPO / 'hub' / 'jupyter'}:{Path(sys.prefix) / 'etc' / 'jupyter'}",
                    JUPYTER_PATH=str(Path(sys.prefix) / "share" / "jupyter"),
-                   PYTHONPATH=str(Path(__file__).resolve().parent))   # for read_only_authorizer below
+                   PYTHONPATH=str(Path(__file__).resolve().parent),   # for read_only_authorizer below
+                   **(extra_env or {}))
         log = (tmp_path / f"server-{len(started)}.log").open("w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
              "--ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}", *switch,
              *options],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            cwd=root)   # a hub's server starts in the home, its root: nbgrader fetches into the working folder
         started.append(proc)
         start.root = root
         url = f"http://127.0.0.1:{port}"
@@ -230,3 +236,61 @@ def test_a_released_notebook_opens_unmodified_though_another_python_released_it(
     assert metadata["kernelspec"] == {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     assert metadata["language_info"]["version"] == platform.python_version()
     assert (jupyter_server.root / "released.ipynb").read_bytes() == on_disk
+
+
+# -- course_launch: the launch button's notebook is the one handed in -------------------------
+
+def opened(url: str, path: str) -> str:
+    """The path JupyterLab's page ends up showing after ``/lab/tree/<path>`` (redirects followed)."""
+    with urllib.request.urlopen(f"{url}/lab/tree/{path}?token={TOKEN}", timeout=60) as answer:
+        assert answer.status == 200
+        final = urllib.parse.urlparse(answer.url).path
+    return final.removeprefix("/lab/tree/")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_launch_buttons_notebook_is_the_fetched_assignment_once_released(jupyter_server, tmp_path):
+    """The launch button (nbgitpuller) opens <clone>/notebooks/<slug>/<slug>.ipynb. With an
+    assignment <slug> released, the server fetches it (once) and opens ~/<slug>/<slug>.ipynb,
+    the copy the Assignments tab submits; without one, the clone's notebook opens."""
+    slug = "00-first-steps"
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    url = jupyter_server(True, extra_env={"DISTLAB_HUB_EXCHANGE": str(exchange)})
+    home = jupyter_server.root
+    clone = home / "distlab" / "notebooks" / slug
+    clone.mkdir(parents=True)
+    release = REPO / "notebooks" / slug / f"{slug}.ipynb"
+    shutil.copy(release, clone)
+    launched = f"distlab/notebooks/{slug}/{slug}.ipynb"
+
+    assert opened(url, launched) == launched           # nothing released: the clone's copy
+    assert not (home / slug).exists()
+
+    outbound = exchange / "distlab" / "outbound" / slug   # the instructor releases it (nbgrader's layout)
+    outbound.mkdir(parents=True)
+    shutil.copy(release, outbound)
+    (outbound / "data.txt").write_text("given\n")
+    fetched = home / slug / f"{slug}.ipynb"
+    assert opened(url, launched) == f"{slug}/{slug}.ipynb"   # fetched, as the Assignments tab does
+    assert fetched.read_bytes() == release.read_bytes() and (home / slug / "data.txt").exists()
+    assert sessions(url).get(f"{slug}/{slug}.ipynb") == "python3"   # its kernel started with the page
+
+    fetched.write_text(fetched.read_text().replace("raise NotImplementedError", "return 42", 1))
+    mine = fetched.read_bytes()
+    assert opened(url, launched) == f"{slug}/{slug}.ipynb"   # again: the student's work, never overwritten
+    assert fetched.read_bytes() == mine
+
+    fetched.unlink()                                          # a notebook the student deleted comes back,
+    (home / slug / "notes.txt").write_text("mine\n")          # nothing else of theirs changes
+    assert opened(url, launched) == f"{slug}/{slug}.ipynb"
+    assert fetched.read_bytes() == release.read_bytes() and (home / slug / "notes.txt").read_text() == "mine\n"
+
+    # Only the launch button's notebook of a released assignment is redirected.
+    shutil.copy(release, clone / "other.ipynb")
+    assert opened(url, f"distlab/notebooks/{slug}/other.ipynb") == f"distlab/notebooks/{slug}/other.ipynb"
+    (home / "distlab" / "notebooks" / "99-not-released").mkdir()
+    shutil.copy(release, home / "distlab" / "notebooks" / "99-not-released" / "99-not-released.ipynb")
+    assert opened(url, "distlab/notebooks/99-not-released/99-not-released.ipynb") == \
+        "distlab/notebooks/99-not-released/99-not-released.ipynb"

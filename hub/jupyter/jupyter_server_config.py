@@ -3,7 +3,9 @@ servers' JUPYTER_CONFIG_PATH, see hub/jupyterhub_config.py).
 
 - nbgrader's instructor-only parts (formgrader, the course list) are off: students hand in
   through the Assignments tab, they do not grade.
-- ``course_sessions`` (beside this file) starts a notebook's kernel when its URL is opened, so
+- ``course_launch`` (beside this file) sends the book's launch button to the student's fetched
+  copy of a released assignment, the one the Assignments tab hands in (fetching it first).
+- ``course_sessions`` starts a notebook's kernel when its URL is opened, so
   that JupyterLab never asks a student to pick a kernel (see that module for why it would).
 - ``course_contents`` is the contents manager: a notebook reaches JupyterLab with the
   ``kernelspec`` and ``language_info`` its kernel will report, so opening it does not mark it
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
 HERE = Path(__file__).resolve().parent
 c.ServerApp.jpserver_extensions.update({
+    "course_launch": True,
     "course_sessions": True,
     "course_clock": True,
     "course_feedback": True,
