@@ -41,6 +41,7 @@ def graded(tmp_path_factory):
         course.submit(incoming, _student(name), hostile.build(spec, str(release)))
     assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
     source_cells_before = course.table("source_cell")
+    gradebook_mode = (course.work / "gradebook.db").stat().st_mode
     start = time.monotonic()
     # The harness waits as long as the bound the tests below assert (per submission), no less.
     autograde = course.grade("autograde", SLUG, "--Execute.timeout=20",
@@ -48,7 +49,7 @@ def graded(tmp_path_factory):
     seconds = time.monotonic() - start
     feedback = course.grade("feedback", SLUG)
     return {"course": course, "scores": course.scores(), "autograde": autograde, "feedback": feedback,
-            "seconds": seconds, "source_cells_before": source_cells_before}
+            "seconds": seconds, "source_cells_before": source_cells_before, "gradebook_mode": gradebook_mode}
 
 
 def test_there_are_at_least_twenty_hostile_submissions():
@@ -135,3 +136,24 @@ def test_a_broken_submission_is_reported_and_the_rest_graded(graded):
     assert "h-malformed-notebook" in log
     assert graded["scores"]["zz-control"]  # ... and grades everyone after it
     assert graded["feedback"].returncode in (0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_links_a_kernel_leaves_never_reach_the_graded_folder(graded):
+    """grader/hostile/plant_links.py: its kernel leaves a link named like the notebook, to a file
+    beside the gradebook, and a link to the gradebook. When the kernel worked in the graded
+    folder, nbgrader (as root) wrote the graded notebook through the first, set the gradebook's
+    mode and copied it into the feedback through the second; now the kernel has a folder of its
+    own, deleted (links unfollowed) once its processes have ended."""
+    course, student = graded["course"], _student("plant_links")
+    graded_folder = course.work / "autograded" / student / SLUG
+    assert SPECS["plant_links"].OUTPUT_CONTAINS[0] in (graded_folder / f"{SLUG}.ipynb").read_text()  # links made
+    assert sorted(p.name for p in graded_folder.iterdir()) == [f"{SLUG}.ipynb"]
+    assert not (course.work / "planted-by-link.txt").exists(), "nbgrader wrote through the notebook's link"
+    assert (course.work / "gradebook.db").stat().st_mode == graded["gradebook_mode"]
+    for folder in (course.work / "autograded", course.work / "feedback"):
+        links = [p for p in folder.rglob("*") if p.is_symlink()]
+        assert not links, links
+    returned = [p for p in (course.work / "feedback" / student).rglob("*") if p.is_file()]
+    assert returned and not any(p.read_bytes().startswith(b"SQLite format 3") for p in returned), returned

@@ -335,69 +335,6 @@ def test_a_submission_escaping_through_ctypes_scores_zero_and_leaves_the_class_i
     assert course.integrity() == "ok"
 
 
-def collect_between_two_honest_students(tmp_path, hostile_name: str, student: str):
-    """A course with grader/hostile/<hostile_name>.py handed in by ``student`` between two honest
-    students (nbgrader grades in name order: aa-honest, then it, then zz-honest), collected.
-    Returns the course and the hostile submission's description."""
-    sys.path.insert(0, str(REPO / "grader" / "hostile"))
-    import build as hostile
-
-    spec = hostile.specs()[hostile_name]
-    course = Course(tmp_path / "work")
-    release = course.release()
-    incoming = fresh_dir(tmp_path / "incoming")
-    for honest in ("aa-honest", "zz-honest"):
-        course.submit(incoming, honest, with_answers(release, solution_answers(SLUG)))
-    course.submit(incoming, student, hostile.build(spec, str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
-    return course, spec
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_rank_cannot_forge_the_clean_rooms_verdict(tmp_path):
-    """grader/hostile/forge_verdict.py graded between two honest students: its ranks write a
-    verdict of "all passed" where the grader used to read it (raw libc calls: past any Python
-    guard), then kill the clean room. Its every answer is wrong, so any point it gets was forged."""
-    course, _ = collect_between_two_honest_students(tmp_path, "forge_verdict", "mm-forger")
-    course.grade("autograde", SLUG)
-
-    scores = course.scores()
-    full = course.max_scores()
-    assert scores["aa-honest"] == full and scores["zz-honest"] == full, course.log
-    assert scores["mm-forger"] == {cell: 0.0 for cell in full}, course.log
-    graded = (course.work / "autograded" / "mm-forger" / SLUG / f"{SLUG}.ipynb").read_text()
-    assert "the clean room ended with" in graded, course.log
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_links_left_in_the_graded_folder_are_removed_before_the_grader_writes_there(tmp_path):
-    """grader/hostile/plant_links.py graded and given feedback between two honest students: its
-    kernel replaces its notebook by a link to a file beside the gradebook and links the
-    gradebook itself. Before, nbgrader (as root) wrote the graded notebook through the first
-    link, set the gradebook's mode and copied it into the feedback through the second."""
-    course, spec = collect_between_two_honest_students(tmp_path, "plant_links", "mm-links")
-    gradebook = course.work / "gradebook.db"
-    mode = gradebook.stat().st_mode
-    assert course.grade("autograde", SLUG).returncode == 0, course.log
-    assert course.grade("feedback", SLUG).returncode == 0, course.log
-
-    full = course.max_scores()
-    assert course.scores() == {"aa-honest": full, "zz-honest": full, "mm-links": full}, course.log
-    graded = course.work / "autograded" / "mm-links" / SLUG
-    assert spec.OUTPUT_CONTAINS[0] in (graded / f"{SLUG}.ipynb").read_text()   # the links were made
-    assert "Removed gradebook-copy.db from the graded folder" in course.log
-    assert not (course.work / "planted-by-link.txt").exists(), "nbgrader wrote through the notebook's link"
-    assert gradebook.stat().st_mode == mode
-    for folder in (course.work / "autograded", course.work / "feedback"):
-        links = [p for p in folder.rglob("*") if p.is_symlink()]
-        assert not links, links
-    returned = [p for p in (course.work / "feedback" / "mm-links").rglob("*") if p.is_file()]
-    assert returned and not any(p.read_bytes().startswith(b"SQLite format 3") for p in returned), returned
-    assert course.integrity() == "ok"
-
-
 def test_the_grader_leaves_no_zombie_of_a_killed_sandbox():
     """bwrap forks the sandbox's init; killed with bwrap, it is re-parented to the grader (a
     subreaper), which must collect it: unreaped, two per notebook piled up in a class run."""

@@ -8,7 +8,7 @@ room's folder cannot even be found (the clean room is not dumpable: its /proc en
 closed to the ranks), and a clean room that did not exit cleanly gives no verdict. Every
 task scores 0; the students graded around it keep theirs.
 """
-OUTPUT_CONTAINS = ["GradingError"]
+OUTPUT_CONTAINS = ["GradingError", "the clean room ended with"]
 AFFECTED = ["task1-tests", "task2-tests", "concept-a-tests", "concept-b-tests", "concept-c-tests"]
 ANSWERS = {
     "task1-answer": r'''import ctypes, json, os

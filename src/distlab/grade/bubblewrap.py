@@ -14,7 +14,8 @@ files          A new, empty root holding, read-only: the system (``/usr``, ``/et
                the grader's home. ``/tmp`` and ``/dev/shm`` are private, empty and capped
                (:data:`TMP_MB`, :data:`SHM_MB`: they live in memory). The only
                folders shared with the outside, writable, are the ones the caller names: the
-               submission's own folder (kernel) or the clean room's folder.
+               kernel's own folder (a copy of the submission's files, without the
+               notebook) or the clean room's folder.
 network        A new network namespace: only its own loopback. Ranks talk to each other over
                ``127.0.0.1`` inside it; the machine's services (a database, the hub, Slurm's
                daemons, even on the host's ``127.0.0.1``) and every other address are out of
@@ -40,7 +41,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import stat
 import subprocess
 import sys
 
@@ -179,37 +179,6 @@ def hand_over(folder: str) -> None:
     for parent, dirs, files in os.walk(folder):
         for name in [parent] + [os.path.join(parent, n) for n in dirs + files]:
             os.chown(name, NOBODY, NOBODY, follow_symlinks=False)
-
-
-def take_back(folder: str) -> list[str]:
-    """Undo :func:`hand_over` once every process of the sandbox has ended; return what was removed.
-
-    Everything in ``folder`` was written by student code, and the grader (nbgrader, as root or
-    the instructor) goes on to write the graded notebook there, set permissions and copy the
-    folder into the feedback. A symbolic link left there would make it do all of that to the
-    link's target: overwrite any file through a link named like the notebook, make a private
-    file world-readable, copy the gradebook into what the student gets back. So before the
-    grader touches the folder again, anything in it that is not a plain file or folder (a
-    link, a pipe, a socket), and any file with several names (a hard link), is removed, without
-    ever following a link; what stays is the grader's own again.
-    """
-    removed = []
-    root = os.geteuid() == 0
-    for parent, dirs, files in os.walk(folder):   # never enters a link to a folder
-        for name in dirs + files:
-            path = os.path.join(parent, name)
-            info = os.lstat(path)
-            if stat.S_ISDIR(info.st_mode):
-                pass
-            elif not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-                os.unlink(path)
-                removed.append(os.path.relpath(path, folder))
-                continue
-            if root:
-                os.chown(path, 0, 0, follow_symlinks=False)
-        if root:
-            os.chown(parent, 0, 0, follow_symlinks=False)
-    return removed
 
 
 @functools.lru_cache(maxsize=1)

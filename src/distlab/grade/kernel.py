@@ -7,9 +7,9 @@ with what the grader put in ``DISTLAB_GRADE_KERNEL`` (a JSON object):
 * resource caps (:func:`distlab.grade.limits.apply`): memory, processes below it, output size;
   the ranks a student's cell starts inherit the memory and output caps;
 * the guard (:func:`distlab.grade.protect.protect`): no file operation on the solutions, the
-  grader's folder (gradebook, other students) or git history (the submission's own folder
-  stays usable, except the notebook file, which holds the restored test cells); no process
-  started except torchrun for ``distlab.run``, at most a few others.
+  grader's folder (gradebook, other students) or git history (the kernel's own folder stays
+  usable: a copy of the submission's files without the notebook, which holds the restored
+  test cells); no process started except torchrun for ``distlab.run``, at most a few others.
 
 Then it removes that variable from its environment and runs ipykernel as usual.
 """

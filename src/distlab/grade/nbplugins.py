@@ -101,6 +101,22 @@ class GradingKernelManager(AsyncKernelManager):
             self.sockets_folder = None
 
 
+def copy_submitted_files(graded: str, folder: str) -> None:
+    """Copy into ``folder`` the files of ``graded`` that are not notebooks (a data file the
+    student handed in, say), as plain files: links are left out, never followed."""
+    if not os.path.isdir(graded):
+        return
+    for parent, dirs, files in os.walk(graded):   # never enters a link to a folder
+        inside = os.path.join(folder, os.path.relpath(parent, graded))
+        for name in dirs:
+            if not os.path.islink(os.path.join(parent, name)):
+                os.makedirs(os.path.join(inside, name), exist_ok=True)
+        for name in files:
+            source = os.path.join(parent, name)
+            if not name.endswith(".ipynb") and not os.path.islink(source) and os.path.isfile(source):
+                shutil.copyfile(source, os.path.join(inside, name), follow_symlinks=False)
+
+
 class KernelExecute(Execute):
     """nbgrader's Execute, with the kernel under caps and the test cells left to the clean room."""
 
@@ -115,23 +131,27 @@ class KernelExecute(Execute):
     def preprocess(self, nb, resources, km=None):
         self._kernel_died = False
         processes.become_subreaper()
-        cwd = resources.get("metadata", {}).get("path") or os.getcwd()
-        os.environ["DISTLAB_GRADE_KERNEL"] = json.dumps({
-            "memory_mb": self.kernel_memory_mb, "processes": self.kernel_processes,
-            "output_mb": self.kernel_output_mb, "protected": config.protected_paths(),
-            "allowed": [os.path.abspath(cwd)],
-            "denied_files": [os.path.join(os.path.abspath(cwd), f) for f in os.listdir(cwd) if f.endswith(".ipynb")]
-            if os.path.isdir(cwd) else [],
-        })
-        try:
-            return super().preprocess(nb, resources, km=km)
-        finally:
-            os.environ.pop("DISTLAB_GRADE_KERNEL", None)
-            limits.kill_descendants()
-            if os.path.isdir(cwd):  # the student's code is over: its folder is data again
-                for name in bubblewrap.take_back(cwd):
-                    self.log.warning("Removed %s from the graded folder: links and special files "
-                                     "left by student code are never followed", name)
+        graded = resources.setdefault("metadata", {}).get("path") or os.getcwd()
+        # The kernel works in a folder of its own, never in the graded one: that one holds the
+        # notebook with its test cells restored (hidden tests included), which raw system calls
+        # would read past any Python guard; and nbgrader, as root, writes the graded notebook,
+        # sets permissions and copies the feedback there, through whatever link student code
+        # might leave. The kernel gets a copy of the student's other files; nothing it writes
+        # comes back.
+        with tempfile.TemporaryDirectory(prefix="distlab-kernel-folder-", ignore_cleanup_errors=True) as folder:
+            copy_submitted_files(graded, folder)
+            os.environ["DISTLAB_GRADE_KERNEL"] = json.dumps({
+                "memory_mb": self.kernel_memory_mb, "processes": self.kernel_processes,
+                "output_mb": self.kernel_output_mb, "protected": config.protected_paths(),
+                "allowed": [folder],
+            })
+            resources["metadata"]["path"] = folder   # where nbclient starts the kernel
+            try:
+                return super().preprocess(nb, resources, km=km)
+            finally:
+                resources["metadata"]["path"] = graded
+                os.environ.pop("DISTLAB_GRADE_KERNEL", None)
+                limits.kill_descendants()   # before the folder goes: nothing still writes there
 
     def preprocess_cell(self, cell, resources, index):
         if is_test_cell(cell) or (cell.cell_type == "code" and self._kernel_died):
