@@ -9,6 +9,8 @@ import subprocess
 
 import psutil
 
+from distlab.runtime import processes
+
 
 def alive_with_marker(marker: str) -> list[psutil.Process]:
     """Running (non-zombie) processes whose command line holds ``marker``: a test's own children.
@@ -43,7 +45,10 @@ def run_in_own_group(command: list[str], timeout: float, **popen) -> subprocess.
     nbgrader's kernel, a book build's kernels and ranks) would run on. Here they all go.
     """
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
-    proc = subprocess.Popen(command, text=True, start_new_session=True, **popen)
+    # die_with_parent: a test process that is itself killed (CI's time limit, a SIGTERM) takes
+    # the command along, instead of leaving it to run on unseen.
+    proc = subprocess.Popen(command, text=True, start_new_session=True, preexec_fn=processes.die_with_parent,
+                            **popen)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:

@@ -1,5 +1,5 @@
-"""A grader killed mid-autograde leaves nothing behind: its clean room and the clean room's
-ranks end within 5 s (they die with their parent, instead of grading on unseen)."""
+"""A grader killed mid-autograde leaves nothing behind: nbgrader, its clean room and the clean
+room's ranks end within 5 s (each dies with its parent, instead of grading on unseen)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _named(procs, text: str) -> list[psutil.Process]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_killing_nbgrader_mid_test_ends_its_clean_room_and_ranks(tmp_path):
+def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ranks(tmp_path):
     course = Course(tmp_path / "work")
     release = course.release()
     incoming = fresh_dir(tmp_path / "incoming")
@@ -56,12 +56,14 @@ def test_killing_nbgrader_mid_test_ends_its_clean_room_and_ranks(tmp_path):
             ranks = [p for room in rooms for p in _named(_descendants(room.pid), "distlab.runtime.worker")]
             time.sleep(0.2)
         room = rooms[0]
-        started = [room] + _descendants(room.pid)
         nbgrader = room.parent()
         assert "nbgrader" in " ".join(nbgrader.cmdline())
-        nbgrader.send_signal(signal.SIGKILL)
+        started = [nbgrader, room] + _descendants(room.pid)
+        # As `kill -9` or a closed terminal would: the command the instructor started, alone.
+        # (Before nbgrader died with it, nbgrader, its clean room and its ranks graded on.)
+        psutil.Process(grader.pid).send_signal(signal.SIGKILL)
         gone, alive = psutil.wait_procs(started, timeout=5)
-        assert not alive, "still running 5 s after nbgrader was killed: " + "; ".join(
+        assert not alive, "still running 5 s after the grade command was killed: " + "; ".join(
             f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running())
     finally:
         for proc in [psutil.Process(grader.pid)] + _descendants(grader.pid):

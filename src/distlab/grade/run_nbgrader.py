@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 from distlab.grade import config
+from distlab.runtime import processes
 
 QUIET = ("Copying ", "  Copying to:", "Overwriting files", "Creating/updating student",
          "Removing existing", "Updating/creating", "Extracting from", "  Extracting to",
@@ -43,8 +44,11 @@ def nbgrader(*args: str) -> int:
     # nbgrader runs the `alembic` command by name: the .venv's bin must come first on PATH.
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(repo, "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # nbgrader dies with this command (killed, its terminal closed): its kernel and clean room
+    # die with nbgrader in turn, so nothing grades on unseen.
     proc = subprocess.Popen(command, cwd=os.path.join(repo, "grader"), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=processes.die_with_parent)
     OUTPUT.clear()
     for line in proc.stdout:
         line = tidy_paths(line.rstrip())
