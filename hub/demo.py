@@ -288,8 +288,10 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                    DISTLAB_HUB_IDLE_TIMEOUT=str(idle_timeout), DISTLAB_HUB_ACTIVITY_INTERVAL=str(activity_interval),
                    DISTLAB_HUB_PARTITION=cluster["partition"],
                    DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}", DISTLAB_HUB_EXCHANGE=str(exchange))
+        # The hub's log is root's alone: at DEBUG it holds every server's API token, and at any
+        # level the students' names and what they did.
         log = run_dir / "hub.log"
-        with open(log, "wb") as out:
+        with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as out:
             hub = subprocess.Popen([str(course_env / "bin" / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")],
                                    cwd=state, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
