@@ -53,12 +53,15 @@ def test_the_exercise_runs_on_2_and_4_ranks_with_the_awkward_model_hidden():
         assert '("awkward",' in hidden and '("awkward",' not in visible, task
 
 
-NO_BROADCAST = '''
+MEAN_OF_MEANS = '''
 def broadcast_parameters(model):
-    pass  # forgot: ranks keep their own random weights
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=0)
 
 
 def ddp_step(model, optimizer, batch, loss_fn):
+    """The pages' naive step: right for equal shards, the mean of the shards' means otherwise."""
     optimizer.zero_grad(set_to_none=True)
     loss = loss_fn(model, batch)
     loss.backward()
@@ -67,7 +70,9 @@ def ddp_step(model, optimizer, batch, loss_fn):
             dist.all_reduce(p.grad)
             p.grad /= dist.get_world_size()
     optimizer.step()
-    return loss.item()
+    loss = torch.tensor([loss.item()])
+    dist.all_reduce(loss)
+    return loss.item() / dist.get_world_size()
 '''
 
 BLOCKING_AFTER_BACKWARD = '''
@@ -110,14 +115,24 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn):
 
 
 test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
-    SLUG, {"task1-answer": NO_BROADCAST, "task2-answer": BLOCKING_AFTER_BACKWARD,
+    SLUG, {"task1-answer": MEAN_OF_MEANS, "task2-answer": BLOCKING_AFTER_BACKWARD,
            "task3-answer": SYNC_EVERY_MICRO_STEP},
-    {"task1-tests": "a missing broadcast", "task2-tests": "all-reduces after backward (no overlap)",
+    {"task1-tests": "the mean of unequal shards' means", "task2-tests": "all-reduces after backward (no overlap)",
      "task3-tests": "communicating on every micro-step"},
+    # Task 1 fails on the shards of different sizes (4 and 3 examples), gradients and loss alike.
     # Task 2 fails on the overlap, not on its gradients: its broadcast was the reference's. Task 3
     # fails two checks of one case, and the feedback lists both, not only the first.
-    reasons=("made a blocking all_reduce", "communicated before the last micro-batch",
+    reasons=("ranks holding 4+3 examples, step 0: the gradient of", "the full batch's mean loss is",
+             "made a blocking all_reduce", "communicated before the last micro-batch",
              "one all-reduce of the gradients sends"))
+
+
+NO_BROADCAST = ("    with torch.no_grad():\n        for tensor in list(model.parameters()) + list(model.buffers()):\n"
+                "            dist.broadcast(tensor.data, src=0)\n", "    pass  # forgot: ranks keep their own weights\n")
+
+test_a_missing_broadcast_scores_zero_on_task_1 = gs.wrong_answers_test(
+    SLUG, {"task1-answer": NO_BROADCAST}, {"task1-tests": "a missing broadcast"},
+    reasons=("ranks holding 4+3 examples, step 0: the gradient of",))
 
 
 @pytest.mark.slow
@@ -127,7 +142,8 @@ def test_the_test_helpers_accept_the_reference_on_every_model_they_offer():
     with buckets of every shape: one holding everything, unused parameter included), passes."""
     nb = gs.notebook_definitions(SLUG)
     kinds = ("mlp", "gpt", "awkward")
-    nb["check_task1"]([(kind, "sgd", 0.1, nb["batches"](kind, 2, 8, seed=7)) for kind in kinds], nprocs=2)
+    nb["check_task1"]([(kind, "sgd", 0.1, nb["batches"](kind, 2, size, seed=7)) for kind in kinds
+                       for size in (7, 8)], nprocs=2)          # shards of 4 and 3, and of 4 and 4
     nb["check_task2"]([(kind, bucket_mb, 0.1, nb["batches"](kind, 2, 8, seed=8))
                        for kind in kinds for bucket_mb in (0.0003, 100.0)], nprocs=2)
     nb["check_task3"]([(kind, 2, 0.1, nb["batches"](kind, 2, 16, seed=9)) for kind in kinds], nprocs=2)
