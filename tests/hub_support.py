@@ -97,6 +97,16 @@ def expect_kernel_idle(page, timeout: float = 60_000) -> None:
     expect(status).to_be_visible(timeout=timeout)
 
 
+def expect_unmodified(page, settle_s: float = 3) -> None:
+    """The open notebook shows no unsaved change (no dirty mark on its tab) ``settle_s`` seconds
+    after its kernel is idle (call :func:`expect_kernel_idle` first). JupyterLab writes the
+    kernel's metadata into the notebook once the kernel's info has arrived, before its status
+    bar reads Idle; the wait leaves room for the model's change to reach the tab."""
+    page.wait_for_timeout(settle_s * 1000)
+    marked = page.locator(".jp-mod-dirty")   # on the document's tab (and its title) while modified
+    assert marked.count() == 0, f"opening the notebook marked it modified: {marked.first.inner_text()!r}"
+
+
 # JupyterLab dialogs a loaded machine can raise while a notebook opens, and the answer a
 # student gives each: a request that timed out shows "Server Connection Error" (dismiss: the
 # next request goes through); a notebook opened from inside JupyterLab (the Assignments tab)

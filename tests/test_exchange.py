@@ -2,8 +2,9 @@
 
 The demo hub (hub/demo.py's ``course_hub``, course prefix ``dle``) with six students. The
 instructor (root, as on the demo machine) publishes chapter 0 with ``python -m distlab.grade``;
-student 1 works in a browser (Assignments tab: fetch, answer, run on their Slurm allocation,
-submit; later fetch the feedback and read the score); the others use nbgrader's CLI as their
+student 1 works in a browser (the book's launch button opens the assignment, fetched for them
+into the folder the Assignments tab submits from; answer, run on their Slurm allocation, submit
+from the Assignments tab; later fetch the feedback and read the score); the others use nbgrader's CLI as their
 own Unix users: one correct (submitted twice, the latest counts), one blank, one hostile, one
 malformed, one late. The instructor collects, autogrades with distlab's hardened grader,
 makes feedback and returns it. Then: the grades, that no hidden test reaches any feedback, and
@@ -26,6 +27,7 @@ import hub_support
 import nbformat
 import pytest
 from book_browser import CHROMIUM_ARGS, find_chromium
+from hub_support import demo
 from playwright.sync_api import expect, sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,24 +103,31 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         page = chromium.new_page(viewport={"width": 1280, "height": 860})
         page.set_default_timeout(60_000)
 
-        # -- Student 1, in the browser: log in, start a server (a Slurm job), fetch.
+        # -- Student 1, in the browser: log in, start a server (a Slurm job), then follow the
+        # book's launch button for the chapter (an nbgitpuller link: it clones the course).
         page.goto(course["url"] + "/hub/login")
         page.fill("input[name=username]", browser_student)
         page.fill("input[name=password]", course["passwords"][browser_student])
         page.click("input[type=submit], button[type=submit]")
         page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
         expect(page.locator(".jp-LabShell")).to_be_visible(timeout=120_000)
-        open_assignments(page)
-        page.click(f"#released_assignments_list .list_item:has-text('{SLUG}') button:has-text('Fetch')")
-        fetched = page.locator(f"#fetched_assignments_list .list_item:has-text('{SLUG}')").first
-        expect(fetched.locator("button:has-text('Submit')")).to_be_visible()
-        page.screenshot(path=str(ARTIFACTS / "01-assignments-fetched.png"))
-
-        # Open the notebook from the list, answer task 1, run its test on the allocation, save.
-        fetched.locator("a.assignment-notebooks-link").click()
-        fetched.locator(".nested_list_item a").click()
+        page.goto(demo.launch_link(course["url"], f"notebooks/{SLUG}/{SLUG}.ipynb"))
+        # The button opens the assignment as the Assignments tab fetches it (~/<slug>/<slug>.ipynb,
+        # fetched by hub/jupyter/course_launch.py), not the clone's copy, which is never handed in.
+        page.wait_for_url(re.compile(rf"/user/{browser_student}/lab/tree/{SLUG}/{SLUG}\.ipynb"), timeout=120_000)
+        home = Path(f"/home/{browser_student}")
+        fetched_copy = home / SLUG / f"{SLUG}.ipynb"
+        assert fetched_copy.is_file() and fetched_copy.stat().st_uid == home.stat().st_uid
+        assert (home / "distlab" / "notebooks" / SLUG / f"{SLUG}.ipynb").is_file(), "nbgitpuller did not clone"
         notebook = page.locator(".jp-NotebookPanel:visible")
         expect(notebook.locator(".jp-CodeCell").first).to_be_visible(timeout=60_000)
+        hub_support.expect_kernel_idle(page)
+        # Opening it changed nothing: the hub's kernel (the server's Python) reported other
+        # metadata than the release holds, and JupyterLab marked the notebook modified.
+        hub_support.expect_unmodified(page)
+        page.screenshot(path=str(ARTIFACTS / "01-launch-button-opened.png"))
+
+        # Answer task 1, run its test on the allocation, save.
         answer = notebook.locator(".jp-CodeCell", has_text="def my_rank():")
         answer.locator(".jp-InputArea-editor").click()
         page.keyboard.press("Control+a")
@@ -139,20 +148,28 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         page.keyboard.press("Control+s")
         expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=20_000)
         page.screenshot(path=str(ARTIFACTS / "02-answered-and-tested.png"))
+        assert "return dist.get_rank()" in fetched_copy.read_text()
+
+        # The Assignments tab lists the assignment as fetched (nothing left to fetch), its
+        # notebook being the one just saved.
+        open_assignments(page)
+        expect(page.locator(f"#released_assignments_list .list_item:has-text('{SLUG}')")).to_have_count(0)
+        fetched = page.locator(f"#fetched_assignments_list .list_item:has-text('{SLUG}')").first
+        expect(fetched.locator("button:has-text('Submit')")).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "03-assignments-fetched.png"))
 
         # Validate from the Assignments tab (nbgrader runs the notebook: tasks 2 and 3 still fail).
         page.click(".lm-TabBar-tab:has-text('Assignments')")
         page.click("#refresh_assignments_list")
-        fetched = page.locator(f"#fetched_assignments_list .list_item:has-text('{SLUG}')").first
         fetched.locator("a.assignment-notebooks-link").click()
         fetched.locator(".nested_list_item button:has-text('Validate')").click()
         dialog = page.locator(".jp-Dialog")
         expect(dialog).to_contain_text("NotImplementedError", timeout=180_000)
-        page.screenshot(path=str(ARTIFACTS / "03-validated.png"))
+        page.screenshot(path=str(ARTIFACTS / "04-validated.png"))
         dialog.locator("button").last.click()
 
         # Submit from the Assignments tab.
-        page.screenshot(path=str(ARTIFACTS / "04-before-submit.png"))
+        page.screenshot(path=str(ARTIFACTS / "05-before-submit.png"))
         fetched.locator("button:has-text('Submit')").click()
         expect(page.locator(f"#submitted_assignments_list .list_item:has-text('{SLUG}')").first).to_be_visible()
 
@@ -186,6 +203,10 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         collected = instructor(course, "collect", SLUG)
         assert collected.returncode == 0, collected.stdout + collected.stderr
         assert re.search(rf"REFUSED '{correct}\+.*names {correct} but was made by {blank}", collected.stdout)
+        # What student 1 handed in is the notebook the launch button opened, with the answer.
+        work = Path(course["grade_env"]["DISTLAB_GRADE_WORK"])
+        handed_in = (work / "submitted" / browser_student / SLUG / f"{SLUG}.ipynb").read_text()
+        assert "return dist.get_rank()" in handed_in and "My note:" in handed_in
         graded = instructor(course, "autograde", SLUG)
         log = graded.stdout + graded.stderr
         assert re.search(rf"{malformed} NOT GRADED \(scores 0\): .*Notebook does not appear to be JSON", log), log[-3000:]
@@ -195,7 +216,6 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         # -- The grades.
         from nbgrader.api import Gradebook, MissingEntry
 
-        work = Path(course["grade_env"]["DISTLAB_GRADE_WORK"])
         with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gradebook:
             def final(student: str) -> tuple[float, float]:
                 submission = gradebook.find_submission(SLUG, student)
@@ -222,7 +242,7 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         submitted = page.locator(f"#submitted_assignments_list .list_item:has-text('{SLUG}')").first
         submitted.locator("button:has-text('Fetch Feedback')").click()
         expect(submitted.locator("a:has-text('view feedback')")).to_be_visible()
-        page.screenshot(path=str(ARTIFACTS / "05-feedback-fetched.png"))
+        page.screenshot(path=str(ARTIFACTS / "06-feedback-fetched.png"))
         # One click on "(view feedback)" opens the feedback page (hub/jupyter/labextensions):
         # not a move of the file browser into a folder, not an HTML file behind "Trust HTML".
         requested: list[str] = []   # by every page of the student's browser from here on
@@ -237,7 +257,7 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         # The formula is typeset by MathJax from the student's own server: offline, no CDN.
         expect(feedback_page.locator("mjx-container").first).to_be_visible(timeout=30_000)
         feedback_page.wait_for_load_state("networkidle")
-        feedback_page.screenshot(path=str(ARTIFACTS / "06-feedback-score.png"), full_page=False)
+        feedback_page.screenshot(path=str(ARTIFACTS / "07-feedback-score.png"), full_page=False)
         outside = [url for url in requested if not url.startswith(course["url"] + "/")]
         assert not outside, f"the feedback page asked for something outside the hub: {outside}"
         assert any("/course/mathjax/" in url for url in requested), requested
