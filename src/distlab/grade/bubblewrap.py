@@ -181,6 +181,23 @@ def hand_over(folder: str) -> None:
             os.chown(name, NOBODY, NOBODY, follow_symlinks=False)
 
 
+def copy_submitted_files(graded: str, folder: str) -> None:
+    """Fill the grading kernel's own ``folder`` with the files of the graded folder ``graded``
+    that are not notebooks (a data file the student handed in, say), as plain files: links are
+    left out, never followed. The notebook stays behind: it holds the restored test cells."""
+    if not os.path.isdir(graded):
+        return
+    for parent, dirs, files in os.walk(graded):   # never enters a link to a folder
+        inside = os.path.join(folder, os.path.relpath(parent, graded))
+        for name in dirs:
+            if not os.path.islink(os.path.join(parent, name)):
+                os.makedirs(os.path.join(inside, name), exist_ok=True)
+        for name in files:
+            source = os.path.join(parent, name)
+            if not name.endswith(".ipynb") and not os.path.islink(source) and os.path.isfile(source):
+                shutil.copyfile(source, os.path.join(inside, name), follow_symlinks=False)
+
+
 @functools.lru_cache(maxsize=1)
 def check() -> None:
     """Raise :class:`SandboxUnavailable` with what to do, unless a sandbox starts here."""

@@ -101,22 +101,6 @@ class GradingKernelManager(AsyncKernelManager):
             self.sockets_folder = None
 
 
-def copy_submitted_files(graded: str, folder: str) -> None:
-    """Copy into ``folder`` the files of ``graded`` that are not notebooks (a data file the
-    student handed in, say), as plain files: links are left out, never followed."""
-    if not os.path.isdir(graded):
-        return
-    for parent, dirs, files in os.walk(graded):   # never enters a link to a folder
-        inside = os.path.join(folder, os.path.relpath(parent, graded))
-        for name in dirs:
-            if not os.path.islink(os.path.join(parent, name)):
-                os.makedirs(os.path.join(inside, name), exist_ok=True)
-        for name in files:
-            source = os.path.join(parent, name)
-            if not name.endswith(".ipynb") and not os.path.islink(source) and os.path.isfile(source):
-                shutil.copyfile(source, os.path.join(inside, name), follow_symlinks=False)
-
-
 class KernelExecute(Execute):
     """nbgrader's Execute, with the kernel under caps and the test cells left to the clean room."""
 
@@ -139,7 +123,7 @@ class KernelExecute(Execute):
         # might leave. The kernel gets a copy of the student's other files; nothing it writes
         # comes back.
         with tempfile.TemporaryDirectory(prefix="distlab-kernel-folder-", ignore_cleanup_errors=True) as folder:
-            copy_submitted_files(graded, folder)
+            bubblewrap.copy_submitted_files(graded, folder)
             os.environ["DISTLAB_GRADE_KERNEL"] = json.dumps({
                 "memory_mb": self.kernel_memory_mb, "processes": self.kernel_processes,
                 "output_mb": self.kernel_output_mb, "protected": config.protected_paths(),

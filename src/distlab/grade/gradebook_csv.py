@@ -1,0 +1,27 @@
+"""The class's grades as CSV, as a spreadsheet reads them (``python -m distlab.grade export``)."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+
+
+def times_with_their_zone(path: str, columns=("duedate", "timestamp")) -> None:
+    """Write nbgrader's times as ISO 8601 with their offset: the gradebook keeps them in UTC
+    without saying so (``2026-12-01 16:00:00``), which a reader in Berlin takes for local time.
+    Afterwards: ``2026-12-01T16:00:00+00:00``, which spreadsheets and pandas read as UTC."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+        fields = list(rows[0].keys()) if rows else None
+    if not rows:
+        return
+    for row in rows:
+        for column in columns:
+            if row.get(column):
+                naive = datetime.datetime.fromisoformat(row[column])
+                row[column] = naive.replace(tzinfo=naive.tzinfo or datetime.timezone.utc).isoformat()
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
