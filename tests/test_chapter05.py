@@ -159,7 +159,7 @@ class {name}(torch.autograd.Function):
         size, rank = world()
         return grad.chunk(size, dim=-1)[rank].contiguous()
 '''
-"""An autograd function the two wrong answers below write for themselves (one per answer cell)."""
+"""An autograd function Task 2's wrong answer below writes for itself."""
 
 GATHERED_HIDDEN = GATHER_LAST_DIMENSION.format(name="GatherHidden", what="features") + '''
 
@@ -183,14 +183,34 @@ class ParallelMLPBlock(nn.Module):
         return x + reduce_from_region(partial) + self.fc2.bias
 '''
 
-GATHERED_LOGITS = GATHER_LAST_DIMENSION.format(name="GatherVocab", what="vocabulary") + '''
+GATHERED_LOGITS = '''
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Right loss and gradients, but every rank gathers the full logits."""
 
-def vocab_parallel_cross_entropy(local_logits, targets):
-    """Right loss and gradients, but every rank holds the full logits."""
-    full = GatherVocab.apply(local_logits)
-    per_token = F.cross_entropy(full.reshape(-1, full.shape[-1]), targets.reshape(-1), reduction="none")
-    return per_token.reshape(targets.shape)
+    @staticmethod
+    def forward(ctx, local_logits, targets):
+        size, rank = world()
+        parts = [torch.empty_like(local_logits) for _ in range(size)]
+        dist.all_gather(parts, local_logits.contiguous())
+        full = torch.cat(parts, dim=-1)
+        probs = full.softmax(dim=-1)
+        ctx.save_for_backward(probs.chunk(size, dim=-1)[rank].contiguous(), targets)
+        ctx.first = rank * local_logits.shape[-1]
+        return -probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).log()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        probs, targets = ctx.saved_tensors
+        local = targets - ctx.first
+        owned = (local >= 0) & (local < probs.shape[-1])
+        grad = probs.clone()
+        grad.scatter_add_(-1, local.clamp(0, probs.shape[-1] - 1).unsqueeze(-1),
+                          -owned.to(grad.dtype).unsqueeze(-1))
+        return grad * grad_loss.unsqueeze(-1), None
 '''
+
+ONE_HOT_ON_EVERY_RANK = (  # the solution's backward, subtracting the one-hot on ranks that do not own the target
+    "owned.unsqueeze(-1).to(probs.dtype))", "torch.ones_like(probs[..., :1]))   # forgot: only where I own it")
 
 
 test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
@@ -200,6 +220,10 @@ test_plausible_wrong_answers_score_zero_on_their_task = gs.wrong_answers_test(
      "task3-tests": "a cross-entropy that gathers the full logits"},
     reasons=("row-parallel layer (12 -> 16 features, 2 ranks): the output on rank 0 is off",
              "exactly one all_reduce forward per block", "as large as the full logits"))
+
+test_a_backward_that_subtracts_the_one_hot_on_every_rank_scores_zero_on_task_3 = gs.wrong_answers_test(
+    SLUG, {"task3-answer": ONE_HOT_ON_EVERY_RANK}, {"task3-tests": "a one-hot subtracted on every rank"},
+    reasons=("2 ranks: the logits' gradient on rank",))
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
