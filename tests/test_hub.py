@@ -224,7 +224,8 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     assert [p.name for p in home.iterdir() if not p.name.startswith(".")] == [], "the job left files in view"
     assert "Spawner.db is deprecated" not in Path(hub["log"]).read_text(), "a warning no operator can act on"
 
-    # The book's launch button for chapter 0: nbgitpuller clones the course into the home.
+    # The book's launch button for chapter 0: nbgitpuller clones the course into the home. This
+    # course has released no assignment (tests/test_exchange.py has): the clone's notebook opens.
     page.goto(demo.launch_link(hub["url"]))
     page.wait_for_url(re.compile(r"/lab/tree/distlab/notebooks/00-first-steps/00-first-steps\.ipynb"),
                       timeout=120_000)
@@ -232,6 +233,9 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
     expect(notebook.locator(".jp-Cell").first).to_be_visible(timeout=60_000)
     hub_support.expect_kernel_idle(page)  # started with the page: no "Select Kernel" (hub/jupyter/course_sessions.py)
     assert not page.locator(".jp-Dialog").count(), page.locator(".jp-Dialog").first.inner_text()
+    # Opening it changed nothing: the notebook's metadata is already what this kernel (the hub's
+    # Python) reports (hub/jupyter/course_contents.py), so JupyterLab has nothing to mark modified.
+    hub_support.expect_unmodified(page)
     server_log = server_log_file.read_text()
     assert ("course_sessions: started kernel 'python3' for distlab/notebooks/00-first-steps/00-first-steps.ipynb"
             in server_log), server_log[-3000:]
