@@ -43,7 +43,7 @@ import shutil
 import sys
 import time
 
-from distlab.grade import bubblewrap, cluster, config, gradebook_csv
+from distlab.grade import bubblewrap, cluster, config, grades_csv
 from distlab.grade.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
 
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
@@ -237,7 +237,7 @@ def export(to: str | None) -> int:
     start = time.monotonic()
     code = nbgrader("export", f"--to={to}")
     if code == 0:
-        gradebook_csv.times_with_their_zone(to)
+        grades_csv.times_with_their_zone(to)
         say(f"grades written to {to} ({time.monotonic() - start:.1f} s; times in UTC)")
     return code
 
