@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -197,6 +198,16 @@ def test_wrong_password_and_unknown_user_are_refused_and_nothing_spawns(hub, chr
     log = Path(hub["log"]).read_text()
     assert "Failed login for 'nobody-here'" in log
     assert hub_support.uncaused_warnings(log) == [], log[-3000:]
+
+
+def test_the_hub_log_is_root_s_alone(hub):
+    """At DEBUG the hub's log holds every server's API token; at any level, who did what."""
+    log = Path(hub["log"])
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and log.stat().st_uid == 0
+    student = f"{COURSE}-student1"
+    peek = subprocess.run(["/usr/sbin/runuser", "-u", student, "--", "cat", str(log)],
+                          capture_output=True, text=True, timeout=30)
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr and not peek.stdout
 
 
 def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub, chromium):
