@@ -237,6 +237,20 @@ def hidden_test_lines(slug: str = SLUG) -> list[str]:
     return lines
 
 
+def graded_solution_tokens() -> list[tuple[str, str, list[str]]]:
+    """(chapter, answer grade id, normalised tokens of its solution lines) for every graded answer
+    cell: what tests/near_copy.py compares with the book's listings and with the package."""
+    import near_copy
+
+    found = []
+    for path in sorted((REPO / "solutions").glob("*/*.ipynb")):
+        slug = path.parent.name
+        for grade_id, source in solution_answers(slug).items():
+            if "BEGIN SOLUTION" in source:
+                found.append((slug, grade_id, near_copy.normalised_tokens(source, solution_lines(source))))
+    return found
+
+
 def fresh_dir(path: Path) -> Path:
     if path.exists():
         shutil.rmtree(path)

@@ -575,17 +575,6 @@ def rendered_listings(site: Path) -> dict[str, list[list[str]]]:
     return listings
 
 
-def graded_solutions() -> list[tuple[str, str, list[str]]]:
-    """(chapter, grade id, normalised tokens of the solution) for every graded answer cell."""
-    found = []
-    for path in sorted(glob.glob(str(REPO / "solutions" / "*" / "*.ipynb"))):
-        slug = Path(path).parent.name
-        for grade_id, source in gs.solution_answers(slug).items():
-            if "BEGIN SOLUTION" in source:
-                found.append((slug, grade_id, near_copy.normalised_tokens(source, gs.solution_lines(source))))
-    return found
-
-
 def best_listing(tokens: list[str], listings: dict[str, list[list[str]]]) -> tuple[float, str]:
     return max(((near_copy.copied_fraction(tokens, blocks), page) for page, blocks in listings.items()),
                default=(0.0, ""))
@@ -613,7 +602,7 @@ def test_the_near_copy_measure_sees_through_renaming_but_not_through_a_different
 def test_no_graded_solution_is_a_near_copy_of_code_the_book_shows(built_book):
     listings = rendered_listings(built_book)
     assert sum(map(len, listings.values())) > 100, "found almost no code in the book: has the HTML changed?"
-    solutions = graded_solutions()
+    solutions = gs.graded_solution_tokens()
     assert len(solutions) >= 20
     copies = []
     for chapter, grade_id, tokens in solutions:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import glob
 import inspect
 import re
 import subprocess
@@ -81,17 +80,6 @@ def package_units() -> dict[str, list[str]]:
     return units
 
 
-def graded_solutions() -> list[tuple[str, str, list[str]]]:
-    """(chapter, grade id, normalised tokens of its solution lines) for every answer cell."""
-    found = []
-    for path in sorted(glob.glob(str(REPO / "solutions" / "*" / "*.ipynb"))):
-        slug = Path(path).parent.name
-        for grade_id, source in gs.solution_answers(slug).items():
-            if grade_id.endswith("-answer") and "BEGIN SOLUTION" in source:
-                found.append((slug, grade_id, near_copy.normalised_tokens(source, gs.solution_lines(source))))
-    return found
-
-
 def shingles(tokens: list[str]) -> set[tuple[str, ...]]:
     n = near_copy.MIN_RUN
     return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
@@ -129,7 +117,7 @@ def test_the_shortcut_gives_the_full_measure_and_sees_a_renamed_copy():
     whose loop shares runs with several functions) the numbers equal the plain measure over every
     unit; and a renamed copy of a package function is found as one."""
     units = package_units()
-    tokens = next(t for slug, grade_id, t in graded_solutions() if (slug, grade_id) == ("03-ddp", "task3-answer"))
+    tokens = next(t for slug, grade_id, t in gs.graded_solution_tokens() if (slug, grade_id) == ("03-ddp", "task3-answer"))
     single, _, whole = measure(tokens)
     assert single > 0.3
     assert abs(whole - near_copy.copied_fraction(tokens, list(units.values()))) < 1e-12
@@ -141,7 +129,7 @@ def test_the_shortcut_gives_the_full_measure_and_sees_a_renamed_copy():
 
 
 def test_no_graded_solution_is_a_near_copy_of_the_package_students_import():
-    solutions = graded_solutions()
+    solutions = gs.graded_solution_tokens()
     assert len(solutions) >= 20
     copies = []
     for chapter, grade_id, tokens in solutions:
