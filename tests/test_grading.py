@@ -123,6 +123,18 @@ def test_the_setup_cell_forbids_exactly_what_the_notebook_metadata_lists(slug):
     assert "forbidden=FORBIDDEN" in setup, f"{slug}: the setup cell's runs must pass forbidden=FORBIDDEN"
 
 
+@pytest.mark.parametrize("slug", slugs())
+def test_the_setup_cell_runs_its_cases_through_the_shared_runner_not_a_copy(slug):
+    """``distlab.grade.exercise.on_ranks`` is the one per-case runner (issue 35): a notebook that
+    carries its body again drifts from it, and a fix made in one copy never reaches the others.
+    (Chapters 1 and 2 have runners of their own kind: one also counts each case's bytes.)"""
+    setup = grade_cells(slug).get("setup", "")
+    assert "using_references(yours" not in setup, (
+        f"{slug}: the setup cell copies exercise.on_ranks's body; call exercise.on_ranks instead")
+    if "def on_ranks(fn, yours" in setup:
+        assert "exercise.on_ranks(" in setup, f"{slug}: on_ranks should call exercise.on_ranks"
+
+
 # -- gates 2 and 3: a class through the whole pipeline -------------------------------------------
 
 CLASS_TIMEOUT = 1800

@@ -11,8 +11,10 @@ A notebook's setup cell imports these instead of carrying a copy of them::
         return exercise.on_ranks(fn, yours, cases, nprocs, forbidden=FORBIDDEN, given=given)
 
 and ``python -m distlab.grade new-chapter`` writes the introduction's paragraphs with
-:func:`rules_text`, :func:`grading_text` and :func:`tolerances_text`. (Chapters 2 to 7 were
-written before this module and still define their own ``on_ranks`` and text.)
+:func:`rules_text`, :func:`grading_text` and :func:`tolerances_text`. (Chapters 3 to 7 call
+:func:`on_ranks` as above; chapters 1 and 2 have runners of their own kind, one of which also
+counts each case's bytes. The introductions of chapters 1 to 7 predate this module and keep
+their own, chapter-specific text.)
 
 Why a test passes the student's code as ``yours`` rather than calling it by name: the grader
 runs the student's answers apart from the test code, and ships them to the ranks as stand-ins
