@@ -11,17 +11,16 @@ def times_with_their_zone(path: str, columns=("duedate", "timestamp")) -> None:
     without saying so (``2026-12-01 16:00:00``), which a reader in Berlin takes for local time.
     Afterwards: ``2026-12-01T16:00:00+00:00``, which spreadsheets and pandas read as UTC."""
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-        fields = list(rows[0].keys()) if rows else None
+        reader = csv.DictReader(f)
+        rows = list(reader)
     if not rows:
         return
     for row in rows:
         for column in columns:
-            if row.get(column):
-                naive = datetime.datetime.fromisoformat(row[column])
-                row[column] = naive.replace(tzinfo=naive.tzinfo or datetime.timezone.utc).isoformat()
+            if row.get(column):   # naive in the gradebook: UTC
+                when = datetime.datetime.fromisoformat(row[column])
+                row[column] = when.replace(tzinfo=when.tzinfo or datetime.timezone.utc).isoformat()
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
+        writer = csv.DictWriter(f, fieldnames=reader.fieldnames)
         writer.writeheader()
         writer.writerows(rows)
-
