@@ -131,12 +131,14 @@ def pytest_collection_modifyitems(config, items):
 
 _FILE_SECONDS: dict[str, float] = {}
 _WORKER_SECONDS: dict[str, float] = {}
+_PHASE_SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
     """Adds up each test file's time (setup, call and teardown) and each xdist worker's."""
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    _PHASE_SECONDS[f"{report.when:8s} {report.nodeid}"] = report.duration
     node = getattr(report, "node", None)
     worker = getattr(getattr(node, "gateway", None), "id", "main")
     _WORKER_SECONDS[worker] = _WORKER_SECONDS.get(worker, 0.0) + report.duration
@@ -153,5 +155,8 @@ def pytest_unconfigure(config):
     reporter.write_line("time per test file (setup + call + teardown), slowest first:")
     for path, seconds in slowest:
         reporter.write_line(f"  {seconds / 60:6.1f} min  {path}")
+    reporter.write_line("slowest steps (a module fixture's setup counts in its file's first test):")
+    for phase, seconds in sorted(_PHASE_SECONDS.items(), key=lambda item: -item[1])[:15]:
+        reporter.write_line(f"  {seconds:6.0f} s  {phase[:150]}")
     busy = ", ".join(f"{worker} {seconds / 60:.1f} min" for worker, seconds in sorted(_WORKER_SECONDS.items()))
     reporter.write_line(f"busy time per worker: {busy}")

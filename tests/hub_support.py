@@ -59,6 +59,9 @@ CAUSED_BY_A_PERSON = {
     "Failed login for": "someone who typed a wrong password or user name",
     "PAM Authentication failed": "the same person, as PAM saw it",
     "403 POST /hub/login": "the same person, as the hub answered them",
+    # The proxy logs a peer that drops a connection mid-request (a closed browser tab, a server
+    # whose job ended) as an "Uncaught Exception" and carries on serving: jupyterhub#3355.
+    "read ECONNRESET": "whoever closed a page or ended a server while the proxy still spoke to it",
 }
 
 
