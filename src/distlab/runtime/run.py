@@ -47,7 +47,9 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
         threads: torch threads per rank; default ``max(1, cores // ranks on the node)``,
             decided on the node each rank runs on.
         seed: every rank seeds ``random``, ``torch`` (and ``numpy`` if loaded) with it.
-        launcher: ``"local"`` (torchrun on this machine), ``"srun"`` (inside a Slurm allocation),
+        launcher: ``"local"`` (torchrun on this machine), ``"fork"`` (this machine, ranks forked
+            from one process that imported torch once: faster to start, see
+            :mod:`~distlab.runtime.launchers.forked`), ``"srun"`` (inside a Slurm allocation),
             ``"sbatch"`` (a Slurm batch job) or ``"auto"`` (srun inside an allocation, else local).
 
     The names ``nprocs, timeout, backend, threads, seed, launcher`` are taken by ``run``;

@@ -2,6 +2,7 @@
 
 ========  ==============================================================================
 local     ``torchrun`` on this machine (:mod:`.local`)
+fork      this machine, ranks forked from one process that imported torch once (:mod:`.forked`)
 srun      a job step of the Slurm allocation we are in (:mod:`.slurm.srun`)
 sbatch    a Slurm batch job, from a login node (:mod:`.slurm.sbatch`)
 ========  ==============================================================================
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-NAMES = ("local", "srun", "sbatch")
+NAMES = ("local", "fork", "srun", "sbatch")
 
 
 def choose(name: str) -> type:
@@ -32,6 +33,10 @@ def choose(name: str) -> type:
         from distlab.runtime.launchers.local import LocalJob
 
         return LocalJob
+    if name == "fork":
+        from distlab.runtime.launchers.forked import ForkedJob
+
+        return ForkedJob
     if name == "srun":
         from distlab.runtime.launchers.slurm.srun import SrunJob
 

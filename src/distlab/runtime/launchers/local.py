@@ -26,14 +26,19 @@ class LocalJob:
     A plain job runs one call, whose files are in ``run_dir`` itself. A pool job
     (``pool=True``, used by :class:`distlab.Pool`) keeps its ranks for many calls, each in its
     own folder ``run_dir/call-<k>``; :meth:`wait` watches one call at a time.
+
+    ``agent_command`` makes the agent's command line; :class:`~.forked.ForkedJob` swaps
+    torchrun for an agent that forks its ranks, and keeps everything else.
     """
+
+    agent_command = staticmethod(torchrun_command)
 
     def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int | None,
                  pool: bool = False):
         self.run_dir, self.nprocs, self.timeout, self.pool = run_dir, nprocs, timeout, pool
         # Same machine: size threads from our cores (torchrun would otherwise set 1 and warn).
         threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
-        self.agent = Agent(torchrun_command(nprocs, run_dir, pool), agent_environment(run_dir, backend, threads),
+        self.agent = Agent(self.agent_command(nprocs, run_dir, pool), agent_environment(run_dir, backend, threads),
                            run_dir)
         self.watcher = Watcher(run_dir, nprocs, self.agent, self._explain_end, agent_pid=self.agent.pid,
                                ranks_here=True)

@@ -1,0 +1,189 @@
+"""The fork launcher: ranks forked from one process that has already imported torch.
+
+torchrun starts each rank as a new Python, and each imports torch again: about 2.7 s of CPU
+per rank on this machine, plus torchrun's own import. Four ranks cost five imports, and a
+grader that starts fresh ranks for every student's notebook pays that again and again. Here
+one *agent* process imports torch, ``torch.distributed`` and the worker once, then forks the
+ranks. A forked child starts with everything its parent had loaded (the pages are shared
+until written), so a launch costs one import, whatever the number of ranks.
+
+Everything else is as torchrun does it on one node with ``--max-restarts=0``, so the worker
+(:mod:`distlab.runtime.worker`), the watcher and the error messages are the same:
+
+* **Rendezvous.** The agent hosts the store (a ``TCPStore`` on a free port, as
+  torchrun's agent does) and gives each rank torchrun --standalone's variables: ``RANK``, ``LOCAL_RANK``,
+  ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE`` and the
+  rest, so ``init_process_group()`` reads its usual ``env://`` settings.
+* **Failure.** The first rank to exit with an error ends the others (SIGTERM, then SIGKILL
+  after a grace period) and the agent exits with 1 after printing torchrun's failure lines
+  (``rank : 1`` / ``exitcode : -9``), which :func:`~.torchrun.exit_code_from_log` reads.
+* **Stopping.** SIGTERM or SIGINT to the agent is passed on to the ranks; a rank dies with
+  the agent (the worker asks for it); the agent dies with whoever started it.
+
+Why forking is safe here. The store's thread is started only *after* the forks (the ranks
+wait on a pipe for its port), and the agent runs no tensor operation before forking, so no
+lock or thread pool is copied half-taken. And the agent is a fresh ``python -m`` process
+started exactly like torchrun: a rank inherits no memory that a torchrun rank would not have,
+which matters where ranks run untrusted code (the grader's clean room,
+:mod:`distlab.grade.cleanroom`).
+
+Who uses it: the clean room, whose ranks are thrown away after each notebook, and anyone
+who asks (``distlab.run(fn, launcher="fork")``). torchrun stays the default launcher: it is
+what a cluster job runs, and what the book teaches.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from distlab.runtime.launchers.local import LocalJob
+
+STOP_GRACE_S = 5.0
+"""How long ranks get to leave after SIGTERM before SIGKILL (when one rank failed, or we are told to stop)."""
+
+_PORT_RECORD = 8
+"""Bytes of one port number on the pipe: every rank reads exactly one record (atomic below PIPE_BUF)."""
+
+
+def forked_command(nprocs: int, run_dir: Path, pool: bool = False) -> list[str]:
+    """The agent's command line (the counterpart of :func:`~.torchrun.torchrun_command`)."""
+    return [sys.executable, "-m", __name__, str(nprocs), str(run_dir)] + (["--pool"] if pool else [])
+
+
+class ForkedJob(LocalJob):
+    """A :class:`~.local.LocalJob` whose agent forks its ranks instead of running torchrun."""
+
+    agent_command = staticmethod(forked_command)
+
+
+# -- the agent ------------------------------------------------------------------------------------
+
+
+def _preload(pool: bool) -> None:
+    """Import, once, what every rank would import for itself (and a pool's chapter packages)."""
+    import datetime  # noqa: F401 - the worker's imports, in the order it makes them
+
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    import distlab.runtime.worker  # noqa: F401
+    from distlab.runtime import devices, serialize  # noqa: F401
+    from distlab.tools import comm  # noqa: F401
+
+    if pool:
+        from distlab.runtime import isolation
+
+        isolation.preload()
+
+
+def _rank_environment(rank: int, nprocs: int, port: int) -> dict[str, str]:
+    """What torchrun tells each of its workers on a single node."""
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "ROLE_WORLD_SIZE": str(nprocs),
+        "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default",
+        "MASTER_ADDR": "localhost", "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "distlab-fork",
+    }
+
+
+def _become_rank(rank: int, nprocs: int, port_pipe: int, run_dir: str, pool: bool) -> None:
+    """In the forked child: wait for the store's port, then be rank ``rank``. Never returns."""
+    from distlab.runtime import processes, worker
+
+    try:
+        processes.die_with_parent()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        record = os.read(port_pipe, _PORT_RECORD)
+        os.close(port_pipe)
+        if len(record) != _PORT_RECORD:   # the agent died before it had a store
+            os._exit(1)
+        os.environ.update(_rank_environment(rank, nprocs, int(record)))
+        sys.argv = [worker.__file__, run_dir] + (["--pool"] if pool else [])
+        worker.main()                     # leaves with os._exit
+    except BaseException:                 # noqa: BLE001 - a child must never return into the agent
+        import traceback
+
+        traceback.print_exc()
+    os._exit(1)
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGINT reached the agent."""
+
+
+def _raise_stop(signum, frame):
+    raise _Stop(signum)
+
+
+def _end_ranks(ranks: dict[int, int]) -> None:
+    """SIGTERM every rank still running, SIGKILL those still there after the grace period; reap them."""
+    for sig in (signal.SIGTERM, signal.SIGINT):   # a second request to stop must not cut this short
+        signal.signal(sig, signal.SIG_IGN)
+    for pid in ranks:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while ranks and time.monotonic() < deadline:
+        for pid in list(ranks):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                del ranks[pid]
+        time.sleep(0.02)
+    for pid in ranks:
+        _signal(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    ranks.clear()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """``python -m distlab.runtime.launchers.forked NPROCS RUN_DIR [--pool]``: returns the exit code."""
+    nprocs, run_dir, pool = int(argv[0]), argv[1], "--pool" in argv[2:]
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    _preload(pool)
+    reader, writer = os.pipe()
+    ranks: dict[int, int] = {}            # pid -> rank
+    try:
+        for rank in range(nprocs):
+            pid = os.fork()
+            if pid == 0:
+                os.close(writer)
+                _become_rank(rank, nprocs, reader, run_dir, pool)
+            ranks[pid] = rank
+        os.close(reader)
+        from torch.distributed import TCPStore
+
+        store = TCPStore("localhost", 0, None, True, wait_for_workers=False)   # noqa: F841 - kept alive
+        os.write(writer, f"{store.port:0{_PORT_RECORD}d}".encode() * nprocs)
+        os.close(writer)
+        while ranks:
+            pid, status = os.waitpid(-1, 0)   # also reaps what a rank left to us
+            if pid not in ranks:
+                continue
+            rank, code = ranks.pop(pid), os.waitstatus_to_exitcode(status)
+            if code != 0:
+                print(f"[distlab fork launcher] rank {rank} failed; ending the others\n"
+                      f"  rank      : {rank} (local_rank: {rank})\n"
+                      f"  exitcode  : {code} (pid: {pid})", flush=True)
+                _end_ranks(ranks)
+                return 1
+        return 0
+    except _Stop:
+        _end_ranks(ranks)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
