@@ -205,10 +205,18 @@ def _run_test_cell(namespace: TestNamespace, grade_id: str, source: str, timeout
     return {"passed": error is None, "outputs": outputs}
 
 
+LAUNCHER = "fork"
+"""How the clean room starts its ranks: forked from one process that imported torch once
+(:mod:`distlab.runtime.launchers.forked`). A notebook's ranks serve only its own tests and are
+thrown away after it, so a class of N notebooks starts 2N pools: with torchrun each rank would
+import torch again (a 4-rank pool: ~13 s of CPU instead of ~3 s, measured side by side by
+``benchmarks/launch.py``)."""
+
+
 class WarmRanks:
     """One warm :class:`distlab.Pool` per world size, for the tests of one notebook.
 
-    A cold run pays ~5 s of starting ranks; a notebook's tests make a dozen runs. The pools
+    A cold run pays seconds of starting ranks; a notebook's tests make a dozen runs. The pools
     start with the instructor's caps (``start_steps``) and each call still runs under the
     guard. Between calls the ranks put back what :mod:`distlab.runtime.isolation` watches. A
     call that times out, or fails with a rank inside a collective, ends its pool (see
@@ -229,7 +237,7 @@ class WarmRanks:
             return
         if pool is not None:
             pool.stop(gracefully=False)
-        self.pools[nprocs] = Pool(nprocs, start_setup=self.start_steps).activate()
+        self.pools[nprocs] = Pool(nprocs, start_setup=self.start_steps, launcher=LAUNCHER).activate()
 
     def smallest_running(self) -> int:
         """The smallest world size with warm ranks (1 if none): where a one-off run costs least."""
@@ -259,6 +267,7 @@ def grade(job: dict) -> dict:
         plain = all(kwargs.get(k) in (None, "auto") for k in ("backend", "threads", "launcher"))
         if plain and isinstance(nprocs, int) and 1 <= nprocs <= 8:
             warm.ready(nprocs)  # otherwise real_run starts cold ranks, with the same caps
+            kwargs["launcher"] = LAUNCHER  # the warm pool's: distlab.run picks it by launcher too
         return real_run(sandbox.encoded_call, fn, *args, **kwargs)
 
     distlab.run = run_module.run = run_encoded
