@@ -34,6 +34,24 @@ def _named(procs, text: str) -> list[psutil.Process]:
     return found
 
 
+def _ranks(procs) -> list[psutil.Process]:
+    """The rank processes among ``procs``: torchrun's run the worker module; the fork
+    launcher's (the clean room's) are children of its agent, and carry the agent's command line."""
+    found = []
+    for proc in procs:
+        try:
+            command, parent = " ".join(proc.cmdline()), proc.parent()
+            forked = FORK_AGENT in command and parent is not None and FORK_AGENT in " ".join(parent.cmdline())
+            if "distlab.runtime.worker" in command or forked:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+FORK_AGENT = "distlab.runtime.launchers.forked"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ranks(tmp_path):
@@ -53,7 +71,7 @@ def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ran
             assert grader.poll() is None, "the autograde ended before its clean room started ranks"
             assert time.monotonic() < deadline, "no clean room with ranks appeared within 180 s"
             rooms = _named(_descendants(grader.pid), "distlab.grade.cleanroom")
-            ranks = [p for room in rooms for p in _named(_descendants(room.pid), "distlab.runtime.worker")]
+            ranks = [p for room in rooms for p in _ranks(_descendants(room.pid))]
             time.sleep(0.2)
         room = rooms[0]
         nbgrader = room.parent()
@@ -66,9 +84,11 @@ def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ran
         assert not alive, "still running 5 s after the grade command was killed: " + "; ".join(
             f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running())
     finally:
-        for proc in [psutil.Process(grader.pid)] + _descendants(grader.pid):
+        for proc in _descendants(grader.pid):
             try:
                 proc.kill()
             except psutil.Error:
                 pass
+        if grader.poll() is None:
+            grader.kill()
         grader.wait(timeout=30)

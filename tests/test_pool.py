@@ -214,16 +214,20 @@ def test_bad_pool_arguments_fail_before_starting():
 
 
 def test_the_clean_rooms_warm_ranks_are_reused_and_replaced_when_broken_or_old():
-    from distlab.grade.cleanroom import WarmRanks
+    from distlab.grade.cleanroom import LAUNCHER, WarmRanks
+
+    def run(fn, *args, **kwargs):   # as the clean room calls distlab.run: with its pools' launcher
+        return distlab.run(fn, *args, launcher=LAUNCHER, **kwargs)
 
     warm = WarmRanks([], max_age_s=3600.0)
     try:
         assert warm.smallest_running() == 1  # nothing warm yet: a one-off run takes one rank
         warm.ready(2)
         first = warm.pools[2]
-        pids = {p for p, _ in distlab.run(pid_and_sum, 0, nprocs=2)}  # served by the warm pool
+        pids = {p for p, _ in run(pid_and_sum, 0, nprocs=2)}  # served by the warm pool
+        assert pids == {p.pid for p in first.job.watcher.workers.values()}
         warm.ready(2)
-        assert warm.pools[2] is first and {p for p, _ in distlab.run(pid_and_sum, 0, nprocs=2)} == pids
+        assert warm.pools[2] is first and {p for p, _ in run(pid_and_sum, 0, nprocs=2)} == pids
         assert warm.smallest_running() == 2
         first.stop(gracefully=False)                                   # as after a failed call
         warm.ready(2)
