@@ -31,8 +31,10 @@ $(PROXY): hub/package.json hub/package-lock.json | system-deps
 	touch $(PROXY)
 
 # The demo course (hub/README.md): private Slurm cluster, accounts, hub on 127.0.0.1. Ctrl-C ends it.
+# STUDENTS=N makes N student accounts and sizes the cluster so that each gets a server at once.
+STUDENTS ?= 3
 hub: $(STAMP) system-deps $(PROXY)
-	$(PY) hub/demo.py up
+	$(PY) hub/demo.py up --students $(STUDENTS)
 
 # Remove the demo course's Unix accounts (and their homes).
 hub-clean: $(STAMP)

@@ -9,8 +9,9 @@ What it adds to ``batchspawner.SlurmSpawner``, and why:
   ``{{cpus_per_task}}`` and ``{{runtime}}`` (hub/slurm-job.sh).
 * **A queue timeout that says why.** A job that is still pending after ``queue_timeout``
   seconds is cancelled, and the spawn page shows Slurm's reason (``PartitionDown``,
-  ``Resources``, ...) instead of JupyterHub's generic "Spawn failed: timeout". The progress
-  bar shows the reason while the job waits.
+  ``Resources``, ...) instead of JupyterHub's generic "Spawn failed: timeout", with advice
+  the student can follow (a smaller profile only if there is one). While the job waits, the
+  progress bar shows the reason and the job's place in the queue.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ from traitlets import Dict, Integer, Unicode, default
 PROFILES = {
     "1x2": {"title": "1 node, 2 tasks", "nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1},
     "2x1": {"title": "2 nodes, 1 task each", "nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1},
+    # For a full cluster: a notebook's ranks share one core (slower, and it still runs every exercise).
+    "1x1": {"title": "1 node, 1 task", "nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1},
 }
+"""The first is the default. A class of N fits when the partition has N times the default's
+cores free (hub/demo.py sizes the demo's cluster so: ``make hub STUDENTS=N``)."""
+
+
+def cores(profile: dict) -> int:
+    """The cores a profile's job holds."""
+    return int(profile["nodes"]) * int(profile["tasks_per_node"]) * int(profile["cpus_per_task"])
 RUNTIMES = {"00:30:00": "30 minutes", "01:00:00": "1 hour", "02:00:00": "2 hours", "03:00:00": "3 hours"}
 # A lab session (90 minutes to 2 hours) fits in the default. JupyterLab warns 5 minutes before
 # the limit (hub/jupyter/course_clock.py); the idle culler ends a server nobody uses long before.
@@ -36,6 +46,17 @@ DEFAULT_RUNTIME = "02:00:00"
 # does not show it), made by the student's own sbatch command (the hub never creates or chmods
 # anything in a student's home). `sbatch --output` into a folder that is missing loses the log.
 JOB_LOG_FOLDER = ".jupyterhub-slurm"
+
+
+def refusal_advice(reason: str, held_cores: int, profiles: dict) -> str:
+    """What a student whose job waited too long can actually do: a smaller profile only if one
+    exists, the instructor when the partition is down."""
+    if reason.startswith("Partition"):
+        return "The partition is down: try again later or ask your instructor."
+    smaller = [p["title"] for p in profiles.values() if cores(p) < held_cores]
+    if smaller:
+        return f"The cluster is busy: try again later, or pick a smaller profile ({'; '.join(smaller)})."
+    return "The cluster is busy: try again in a few minutes, or ask your instructor how busy it is."
 
 
 class SpawnRefused(SpawnException):
@@ -64,7 +85,7 @@ class CourseSlurmSpawner(SlurmSpawner):
         rows = [
             f'<label class="form-check"><input class="form-check-input" type="radio" name="profile" '
             f'value="{html.escape(name)}"{" checked" if i == 0 else ""}> {html.escape(p["title"])}'
-            f' <small class="text-muted">({p["nodes"] * p["tasks_per_node"] * p["cpus_per_task"]} cores)</small></label>'
+            f' <small class="text-muted">({cores(p)} {"core" if cores(p) == 1 else "cores"})</small></label>'
             for i, (name, p) in enumerate(self.profiles.items())
         ]
         times = "".join(f'<option value="{value}"{" selected" if value == DEFAULT_RUNTIME else ""}>{label}</option>'
@@ -161,25 +182,44 @@ class CourseSlurmSpawner(SlurmSpawner):
                 raise SpawnRefused(
                     f"Your server could not start: its Slurm job {job} waited {self.queue_timeout} s in "
                     f"the queue (Slurm's reason: {reason}) and has been cancelled. "
-                    + ("The partition is down: try again later or ask your instructor."
-                       if reason.startswith("Partition") else "The cluster is busy: try again later "
-                       "or pick a smaller profile."), "queue")
+                    + refusal_advice(reason, cores(self.user_options), self.profiles), "queue")
         return task.result()
 
+    async def queue_position(self) -> tuple[int, int] | None:
+        """(this job's place, jobs waiting) in its partition's queue, in Slurm's order (priority,
+        then submission); None if squeue does not answer. The hub asks as itself: squeue shows
+        every user's jobs to everyone unless the site hides them (PrivateData=jobs)."""
+        cmd = ["squeue", "-h", "-t", "PENDING", "-o", "%i", "--sort=-p,i"]
+        if self.req_partition:
+            cmd += ["-p", self.req_partition]
+        try:
+            proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.DEVNULL)
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        waiting = out.decode().split()
+        return (waiting.index(str(self.job_id)) + 1, len(waiting)) if str(self.job_id) in waiting else None
+
     async def progress(self):
-        """Events for the spawn page: each new state of the job once (with Slurm's reason)."""
+        """Events for the spawn page: each new state of the job once, with Slurm's reason and the
+        job's place in the queue while it waits; the bar moves with the state (submitted 10%,
+        waiting 30%, running and waiting for the server 70%: JupyterHub fills the rest)."""
         last = None
         while True:
             if self.state_ispending():
-                reason = self.pending_reason()
+                reason, place = self.pending_reason(), await self.queue_position()
                 message = f"Slurm job {self.job_id} pending in the queue" + (f" (reason: {reason})" if reason else "")
+                if place:
+                    message += f": {place[0]} of {place[1]} waiting"
+                event = {"progress": 30, "message": message}
             elif self.state_isrunning():
-                yield {"message": f"Slurm job {self.job_id} running on {self.state_gethost()}: "
-                                  "waiting for the server to answer"}
+                yield {"progress": 70, "message": f"Slurm job {self.job_id} running on {self.state_gethost()}: "
+                                                  "waiting for the server to answer"}
                 return
             else:
-                message = "Submitting the Slurm job..."
-            if message != last:
-                yield {"message": message}
-                last = message
+                event = {"progress": 10, "message": "Submitting the Slurm job..."}
+            if event["message"] != last:
+                yield event
+                last = event["message"]
             await asyncio.sleep(1)

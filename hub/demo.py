@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(HERE))
 import accounts  # noqa: E402
 import slurm_cluster  # noqa: E402
+from course_spawner import PROFILES, cores  # noqa: E402
 
 COURSE = "dlc"
 START_TIMEOUT = 180  # seconds for the hub to answer (a loaded machine, load average 15, took over 60)
@@ -54,6 +55,19 @@ PUBLIC_REPO = "https://github.com/distlab-book/distlab"  # _config.yml's reposit
 
 class HubError(RuntimeError):
     """The hub could not be brought up; the message says why."""
+
+
+def cpus_per_node_for(students: int) -> int | None:
+    """CPUs each node of the private cluster must declare so that every student's server fits
+    with the default profile at once; None when this machine's own cores already suffice.
+
+    More than the machine has is declared on purpose (Slurm allows it for testing: see
+    ``scripts/slurm_cluster.py``, ``DISTLAB_CLUSTER_CPUS_PER_NODE``): the servers then share the
+    real cores, which idle notebooks mostly leave free.
+    """
+    needed = students * cores(next(iter(PROFILES.values())))
+    per_node = -(-needed // len(slurm_cluster.NODES))
+    return per_node if per_node > (os.cpu_count() or 1) else None
 
 
 def free_port() -> int:
@@ -279,7 +293,10 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     make_instructor_folders_private()
     python = server_python(course_env, run_dir)
     passwords = accounts.create_accounts(course, students=students)
-    with slurm_cluster.running_cluster(run_dir / "c") as cluster, git_mirror(run_dir, free_port()) as mirror:
+    cluster_env = dict(os.environ)
+    if cpus_per_node_for(students):
+        cluster_env[slurm_cluster.DECLARED_CPUS_VARIABLE] = str(cpus_per_node_for(students))
+    with slurm_cluster.running_cluster(run_dir / "c", env=cluster_env) as cluster, git_mirror(run_dir, free_port()) as mirror:
         port, proxy_api_port, hub_api_port = free_port(), free_port(), free_port()
         env = dict(os.environ, SLURM_CONF=cluster["slurm_conf"], DISTLAB_HUB_STATE=str(state),
                    DISTLAB_HUB_COURSE=course, DISTLAB_HUB_PORT=str(port), DISTLAB_HUB_API_PORT=str(hub_api_port),
@@ -322,14 +339,20 @@ def launch_link(url: str, notebook: str = "notebooks/00-first-steps/00-first-ste
     return f"{url}/hub/user-redirect/git-pull?{query}"
 
 
-def up(course: str) -> int:
+def up(course: str, students: int = 3) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="distlab-hub-", dir="/tmp"))
     stopping = []
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stopping.append(True))
     try:
-        with course_hub(run_dir, course) as hub:
+        with course_hub(run_dir, course, students=students) as hub:
             print(f"\nThe demo course hub is up: {hub['url']}   (Ctrl-C ends it)\n", flush=True)
+            declared = cpus_per_node_for(students)
+            print(f"Sized for {students} students, each server a Slurm job of the default profile "
+                  f"({next(iter(PROFILES.values()))['title']}): "
+                  + (f"each of the {len(slurm_cluster.NODES)} nodes declares {declared} CPUs, more than this "
+                     f"machine's {os.cpu_count()}, which the servers share (Slurm allows it for testing).\n"
+                     if declared else f"this machine's {os.cpu_count()} cores per node suffice.\n"), flush=True)
             width = max(map(len, hub["passwords"]))
             for user, password in hub["passwords"].items():
                 print(f"  {user:<{width}}  password {password}")
@@ -356,9 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "clean"])
     parser.add_argument("--course", default=COURSE, help="account prefix and group names (default: %(default)s)")
+    parser.add_argument("--students", type=int, default=3,
+                        help="student accounts to make; the private cluster is sized so each gets a server "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
     if args.command == "up":
-        return up(args.course)
+        if args.students < 1:
+            parser.error("--students must be at least 1")
+        return up(args.course, args.students)
     removed = accounts.remove_accounts(args.course)
     print(f"removed {len(removed)} account(s): {' '.join(removed) or '-'}")
     return 0

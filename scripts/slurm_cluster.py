@@ -87,6 +87,26 @@ def split_cores() -> bool:
     return os.environ.get(SPLIT_CORES_VARIABLE, "") == "1"
 
 
+DECLARED_CPUS_VARIABLE = "DISTLAB_CLUSTER_CPUS_PER_NODE"
+"""Set to N, each node declares N CPUs whatever this machine has, and Slurm believes it
+(``SlurmdParameters=config_overrides``, Slurm's way to test a configuration bigger than the
+machine). The demo course sizes its cluster so that every student of the class gets a server
+(``make hub STUDENTS=30``): the jobs then share this machine's real cores, as many classes'
+worth of idle notebooks would share a real node."""
+
+
+def declared_cpus() -> int | None:
+    value = os.environ.get(DECLARED_CPUS_VARIABLE, "")
+    return int(value) if value.strip() else None
+
+
+def _declared(hardware: str, cpus: int) -> str:
+    """``slurmd -C``'s line for a node that says it has ``cpus`` single-thread cores on one socket."""
+    fields = dict(field.split("=", 1) for field in hardware.split())
+    fields.update(CPUs=str(cpus), Boards="1", SocketsPerBoard="1", CoresPerSocket=str(cpus), ThreadsPerCore="1")
+    return " ".join(f"{k}={v}" for k, v in fields.items())
+
+
 def node_cores(index: int) -> set[int]:
     """The cores node ``index`` is pinned to when the cores are split."""
     cores = sorted(os.sched_getaffinity(0))
@@ -190,6 +210,9 @@ def write_config(root: Path) -> Path:
     ]
     if split_cores():
         hardware = _halved(hardware)
+    if declared_cpus():
+        hardware = _declared(hardware, declared_cpus())
+        lines.append("SlurmdParameters=config_overrides")  # the nodes take the CPUs declared here
     for node in NODES:
         lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
                      f"Port={free_port()} {hardware} State=UNKNOWN")

@@ -37,14 +37,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def our_rank_processes() -> list[psutil.Process]:
-    """Live (non-zombie) torchrun agents and distlab workers started by this test session."""
+    """Live (non-zombie) launcher agents and ranks started by this test session: torchrun and
+    its workers, and the fork launcher's agent and its ranks (which carry the agent's command line)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
             if proc.info["status"] == psutil.STATUS_ZOMBIE or str(SESSION_TMP) not in cmd:
                 continue
-            if "distlab.runtime.worker" in cmd or "torch.distributed.run" in cmd:
+            if any(name in cmd for name in ("distlab.runtime.worker", "torch.distributed.run",
+                                            "distlab.runtime.launchers.forked")):
                 found.append(proc)
         except psutil.Error:
             continue

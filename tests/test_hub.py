@@ -92,11 +92,12 @@ def log_in(chromium, hub, user: str, password: str, step: str):
 
 
 def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
-    """`make hub`'s command, as a person runs it: up, the URL answers, Ctrl-C, nothing left."""
-    course = "dlu"
+    """`make hub STUDENTS=5`'s command, as a person runs it: up, sized for its class, the URL
+    answers, Ctrl-C, nothing left."""
+    course, students = "dlu", 5
     demo_cmd = [sys.executable, str(REPO / "hub" / "demo.py")]
     cullers_before = cullers()
-    proc = subprocess.Popen([*demo_cmd, "up", "--course", course], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*demo_cmd, "up", "--course", course, "--students", str(students)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
@@ -109,8 +110,16 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         assert "Hub log:" in printed, f"make hub did not come up:\n{printed}"
         url = re.search(r"hub is up: (http://127\.0\.0\.1:\d+)", printed).group(1)
         accounts_printed = re.findall(rf"^\s+({course}-\w+)\s+password (\S+)$", printed, re.M)
-        assert sorted(user for user, _ in accounts_printed) == [
-            f"{course}-instructor1", f"{course}-student1", f"{course}-student2", f"{course}-student3"]
+        assert sorted(user for user, _ in accounts_printed) == [f"{course}-instructor1"] + [
+            f"{course}-student{i}" for i in range(1, students + 1)]
+        # Five servers of the default profile (2 cores) need 10 cores: each of the two nodes
+        # declares 5 CPUs (more than this machine has), and Slurm takes them: the nodes are idle.
+        assert demo.cpus_per_node_for(students) == 5
+        assert f"Sized for {students} students" in printed and "each of the 2 nodes declares 5 CPUs" in printed
+        slurm_conf = re.search(r"export SLURM_CONF=(\S+);", printed).group(1)
+        nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %t"], capture_output=True, text=True, timeout=20,
+                               env=dict(os.environ, SLURM_CONF=slurm_conf)).stdout.split("\n")
+        assert sorted(line.split() for line in nodes if line) == [["distlab-n1", "5", "idle"], ["distlab-n2", "5", "idle"]]
         assert demo.launch_link(url) in printed
         assert re.search(r'distlab\.grade publish 00-first-steps --due "\d{4}-\d\d-\d\d 17:00:00 UTC"', printed), printed
         with urllib.request.urlopen(url + "/hub/login", timeout=10) as response:
@@ -132,7 +141,7 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         cleaned = subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
-    assert "removed 4 account(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
+    assert f"removed {students + 1} account(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
     assert not accounts.course_accounts(course)
 
 
@@ -360,7 +369,9 @@ def test_a_job_that_cannot_start_is_cancelled_and_the_student_told_why(hub, chro
     try:
         page = log_in(chromium, hub, student, hub["passwords"][student], "08")
         page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
-        expect(page.locator("body")).to_contain_text("pending in the queue (reason: PartitionDown)", timeout=30_000)
+        # The bar says why the job waits and where it is in the queue.
+        expect(page.locator("body")).to_contain_text("pending in the queue (reason: PartitionDown): 1 of 1 waiting",
+                                                     timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "08-spawn-pending-partition-down.png"))
         expect(page.locator("body")).to_contain_text("Your server could not start", timeout=60_000)
         page.screenshot(path=str(ARTIFACTS / "09-spawn-failed-partition-down.png"))
@@ -375,6 +386,18 @@ def test_a_job_that_cannot_start_is_cancelled_and_the_student_told_why(hub, chro
         page.context.close()
     finally:
         scontrol(hub, "update", f"PartitionName={hub['cluster']['partition']}", "State=UP")
+
+
+def test_a_refusal_advises_only_what_the_student_can_do():
+    """A smaller profile is suggested only to a student who has a smaller one to pick."""
+    from course_spawner import PROFILES, cores, refusal_advice
+
+    smallest = min(cores(p) for p in PROFILES.values())
+    assert smallest == 1, "the hub offers a one-core profile for a full cluster"
+    assert "pick a smaller profile (1 node, 1 task)." in refusal_advice("Resources", 2, PROFILES)
+    on_the_smallest = refusal_advice("Resources", smallest, PROFILES)
+    assert "smaller profile" not in on_the_smallest and "try again in a few minutes" in on_the_smallest
+    assert refusal_advice("PartitionDown", 2, PROFILES) == "The partition is down: try again later or ask your instructor."
 
 
 def test_a_server_past_its_time_limit_is_noticed_and_can_start_again(hub, chromium):
