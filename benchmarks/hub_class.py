@@ -116,6 +116,7 @@ class Student:
     load_ext_s: float | None = None    # kernel ready and distlab imported
     cell_s: float | None = None        # the %%distributed -n 2 cell
     cell_ok: bool = False
+    reconnects: int = 0                # kernel websockets that dropped or did not open in time
     fetched_by_link: bool = False
     submitted: bool = False
     submitted_at: float | None = None
@@ -232,24 +233,79 @@ def kernel_of(hub_url: str, student: Student, path: str) -> str:
     raise RuntimeError(f"no kernel was started for {path}")
 
 
-def execute(channel: websocket.WebSocket, code: str, timeout: float) -> str:
+class KernelChannel:
+    """A kernel's websocket as JupyterLab holds it: one session id for the notebook's tab, and a
+    new connection under the same id whenever one drops or does not open in time.
+
+    The server keeps the kernel's messages for a session whose socket dropped and replays them
+    when it comes back (jupyter_server's buffering, keyed by ``session_id``), so a busy machine
+    that resets a connection mid-cell loses no reply: the browser reconnects, and so does this.
+    ``reconnects`` counts how often that happened.
+    """
+
+    def __init__(self, url: str, authorization: str, deadline: float):
+        self.session = uuid.uuid4().hex
+        self.url, self.header = f"{url}?session_id={self.session}", [f"Authorization: {authorization}"]
+        self.deadline, self.reconnects, self.socket = deadline, 0, None
+
+    def left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the kernel did not answer in time")
+        return left
+
+    def connected(self) -> websocket.WebSocket:
+        while self.socket is None:
+            try:
+                self.socket = websocket.create_connection(self.url, header=self.header, timeout=min(120, self.left()))
+            except (websocket.WebSocketException, OSError):
+                self.reconnects += 1
+                time.sleep(min(2, self.left()))
+        return self.socket
+
+    def dropped(self) -> None:
+        with contextlib.suppress(Exception):
+            self.socket.close()
+        self.socket, self.reconnects = None, self.reconnects + 1
+
+    def send(self, text: str) -> None:
+        while True:
+            try:
+                return self.connected().send(text)
+            except (websocket.WebSocketException, OSError):
+                self.dropped()
+
+    def receive(self) -> str | bytes:
+        while True:
+            socket = self.connected()
+            socket.settimeout(self.left())
+            try:
+                return socket.recv()
+            except websocket.WebSocketTimeoutException:
+                self.left()          # raises once the deadline has passed; else the socket is stuck
+                self.dropped()
+            except (websocket.WebSocketException, OSError):
+                self.dropped()
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
+
+
+def execute(channel: KernelChannel, code: str) -> str:
     """Run ``code`` in the kernel as JupyterLab sends a cell (an ``execute_request`` on the shell
     channel); wait for its reply and for the kernel to be idle again; return the value it showed
     (``text/plain``). An error in the cell raises, with the kernel's error name and message."""
     msg_id = uuid.uuid4().hex
     channel.send(json.dumps({
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "", "session": uuid.uuid4().hex,
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "", "session": channel.session,
                    "version": "5.3", "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
         "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
         "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                     "allow_stdin": False, "stop_on_error": True}}))
-    deadline = time.monotonic() + timeout
     shown, reply, idle = "", None, False
     while reply is None or not idle:
-        channel.settimeout(max(1.0, deadline - time.monotonic()))
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the cell did not finish within {timeout:g} s")
-        raw = channel.recv()
+        raw = channel.receive()
         if not isinstance(raw, str):
             continue                       # a binary frame: a message with buffers, not ours
         message = json.loads(raw)
@@ -272,17 +328,17 @@ def run_first_cells(hub_url: str, student: Student, path: str, timeout: float) -
     the server's own Slurm job (the same job id as the kernel's)."""
     kernel = kernel_of(hub_url, student, path)
     ws_url = hub_url.replace("http", "ws", 1) + f"/user/{student.name}/api/kernels/{kernel}/channels"
-    channel = websocket.create_connection(ws_url, header=[f"Authorization: {student.api.headers['Authorization']}"],
-                                          timeout=60)
+    channel = KernelChannel(ws_url, student.api.headers["Authorization"], time.monotonic() + timeout)
     try:
         start = time.monotonic()
-        job = ast.literal_eval(execute(channel, LOAD_EXT, timeout))
+        job = ast.literal_eval(execute(channel, LOAD_EXT))
         student.load_ext_s = time.monotonic() - start
         start = time.monotonic()
-        ranks = ast.literal_eval(execute(channel, DISTRIBUTED_CELL, timeout))
+        ranks = ast.literal_eval(execute(channel, DISTRIBUTED_CELL))
         student.cell_s = time.monotonic() - start
     finally:
         channel.close()
+        student.reconnects = channel.reconnects
     if not job or [r[:3] for r in ranks] != [(0, 2, job), (1, 2, job)]:
         raise RuntimeError(f"the ranks were not a step of the server's job {job}: {ranks}")
     student.cell_ok = True
@@ -549,6 +605,7 @@ def class_at_a_deadline(hub: dict, db_url: str, options, meter: Meter, log: list
         "load_ext_s": percentiles([s.load_ext_s for s in students if s.load_ext_s is not None]),
         "first_cell_s": percentiles([s.cell_s for s in students if s.cell_s is not None]),
         "cells_ok": sum(s.cell_ok for s in students),
+        "reconnects": {s.name: s.reconnects for s in students if s.reconnects},
         "fetched_by_link": sum(s.fetched_by_link for s in students),
         "submissions_made": made,
         "submissions_collected": count,
@@ -657,7 +714,8 @@ def report(f: dict) -> None:
     print(f"chapter opened    {seconds(f['open_s'])}   (launch link; {f['fetched_by_link']} fetched by it)")
     print(f"%load_ext distlab {seconds(f['load_ext_s'])}")
     print(f"first cell        {seconds(f['first_cell_s'])}   (%%distributed -n 2 in the server's job: "
-          f"{f['cells_ok']} of {n} right)")
+          f"{f['cells_ok']} of {n} right; kernel websockets reopened: {sum(f['reconnects'].values())}, "
+          f"by {len(f['reconnects'])} students)")
     spread = f"{f['submit_spread_s']:.1f} s" if f["submit_spread_s"] is not None else "-"
     print(f"submissions       made {f['submissions_made']}, collected {f['submissions_collected']} (must be equal); "
           f"mis-attributed {len(f['misattributed'])}; all handed in within {spread}")
