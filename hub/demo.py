@@ -293,9 +293,9 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     make_instructor_folders_private()
     python = server_python(course_env, run_dir)
     passwords = accounts.create_accounts(course, students=students)
-    cluster_env = dict(os.environ)
-    if cpus_per_node_for(students):
-        cluster_env[slurm_cluster.DECLARED_CPUS_VARIABLE] = str(cpus_per_node_for(students))
+    cluster_env, declared = dict(os.environ), cpus_per_node_for(students)
+    if declared:
+        cluster_env[slurm_cluster.DECLARED_CPUS_VARIABLE] = str(declared)
     with slurm_cluster.running_cluster(run_dir / "c", env=cluster_env) as cluster, git_mirror(run_dir, free_port()) as mirror:
         port, proxy_api_port, hub_api_port = free_port(), free_port(), free_port()
         env = dict(os.environ, SLURM_CONF=cluster["slurm_conf"], DISTLAB_HUB_STATE=str(state),
