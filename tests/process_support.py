@@ -6,10 +6,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 
 import psutil
-
-from distlab.runtime import processes
 
 
 def alive_with_marker(marker: str) -> list[psutil.Process]:
@@ -36,18 +35,32 @@ REPEAT_UNDER_LOAD = int(os.environ.get("DISTLAB_REPEAT_UNDER_LOAD", "3"))
 ``DISTLAB_REPEAT_UNDER_LOAD=20 pytest -k under_load``)."""
 
 
+GUARDIAN = """
+import ctypes, os, signal, subprocess, sys
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))   # the whole group, itself too
+ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG: SIGTERM when the test process dies
+if os.getppid() == 1:   # it died before we could ask
+    os.killpg(0, signal.SIGKILL)
+sys.exit(subprocess.call(sys.argv[1:]))
+"""
+"""Runs a command in its own process group and ends the whole group when the test process
+dies. Linux's parent-death signal reaches only a process's own child: ``make book`` would die
+with a killed test run, but the jupyter-book it started (and that one's kernels and ranks)
+would build on for twenty minutes."""
+
+
 def run_in_own_group(command: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
     """``subprocess.run(command, capture_output=True, text=True)`` in a process group of its own,
     which is ended whatever happens.
 
     ``subprocess.run``'s own timeout kills only the command, and pytest-timeout raises in this
     process without killing anything: either way a launcher's children (torchrun's workers,
-    nbgrader's kernel, a book build's kernels and ranks) would run on. Here they all go.
+    nbgrader's kernel, a book build's kernels and ranks) would run on. Here they all go, and
+    when this test process is itself killed (CI's time limit, a SIGTERM that skips every
+    ``finally``), :data:`GUARDIAN` ends the group.
     """
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
-    # die_with_parent: a test process that is itself killed (CI's time limit, a SIGTERM) takes
-    # the command along, instead of leaving it to run on unseen.
-    proc = subprocess.Popen(command, text=True, start_new_session=True, preexec_fn=processes.die_with_parent,
+    proc = subprocess.Popen([sys.executable, "-c", GUARDIAN, *command], text=True, start_new_session=True,
                             **popen)
     try:
         out, err = proc.communicate(timeout=timeout)
