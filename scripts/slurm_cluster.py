@@ -210,8 +210,9 @@ def write_config(root: Path) -> Path:
     ]
     if split_cores():
         hardware = _halved(hardware)
-    if declared_cpus():
-        hardware = _declared(hardware, declared_cpus())
+    declared = declared_cpus()
+    if declared:
+        hardware = _declared(hardware, declared)
         lines.append("SlurmdParameters=config_overrides")  # the nodes take the CPUs declared here
     for node in NODES:
         lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
