@@ -1,9 +1,10 @@
 """The registry of chapters (src/distlab/chapters.py) against the disk and the hand-written places.
 
-Adding a chapter is one registry entry (``python -m distlab.grade new-chapter`` writes it):
-these tests fail when a chapter's folders exist without an entry, when an entry points at
-nothing, and when the chapter map of ``distlab/__init__.py``, the README's table or the reading
-path of ``book/intro.md`` leaves a registered chapter out.
+Adding a chapter is one registry entry (``python -m distlab.grade new-chapter`` writes it, and
+the chapter's row in each of the three places below, from the entry): these tests fail when a
+chapter's folders exist without an entry, when an entry points at nothing, and when the chapter
+map of ``distlab/__init__.py``, the README's table or the reading path of ``book/intro.md``
+leaves a registered chapter out.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def test_the_warm_ranks_preload_every_chapter_package():
 
 
 def test_the_chapter_map_and_the_readme_name_every_chapter():
-    """Hand-written prose, checked against the registry: a row per chapter, starting with its
-    number and naming its package."""
+    """Prose, checked against the registry: a row per chapter, starting with its number and
+    naming its package. new-chapter writes a new chapter's row; its author refines the wording."""
     rows = {"src/distlab/__init__.py chapter map": re.findall(r"^(\d+) {2,}(.*?)$", distlab.__doc__, re.M),
             "README.md chapter table": re.findall(r"^\| (\d+) ([^|]*\|[^|]*)\|", (REPO / "README.md").read_text(), re.M)}
     for where, found in rows.items():
@@ -98,6 +99,7 @@ def test_the_chapter_map_and_the_readme_name_every_chapter():
 
 
 def test_the_reading_path_of_the_intro_links_every_chapter():
+    """Prose too: an item per chapter linking its opening page (new-chapter writes a new chapter's)."""
     text = (REPO / "book" / "intro.md").read_text()
     path = text.split("## The path through the book", 1)[1].split("\n## ", 1)[0]
     for chapter in chapters.CHAPTERS:

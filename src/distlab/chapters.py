@@ -7,7 +7,9 @@ import every chapter's package before a call (:data:`distlab.runtime.isolation.P
 book's tests look for the graded references in the rendered pages, and the tests check that
 this list, the folders on disk, the chapter map of :mod:`distlab`, the README's table and the
 reading path of ``book/intro.md`` agree. Adding a chapter is one entry here, which
-``python -m distlab.grade new-chapter SLUG "Title"`` writes along with the chapter's files.
+``python -m distlab.grade new-chapter SLUG "Title"`` writes along with the chapter's files and
+its row in each of those three places, derived from the entry (the chapter's author refines
+the rows' wording later).
 
 An entry says:
 

@@ -19,7 +19,7 @@ and in both cases:
 
 and to write the course:
 
-    new-chapter SLUG "Title"            a new chapter's page, package, exercise, tests and registry entry
+    new-chapter SLUG "Title"            a new chapter's page, package, exercise, tests, registry entry and rows
 
 and to publish (the site, the launch links, a public repository; distlab.grade.edition):
 

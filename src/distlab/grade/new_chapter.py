@@ -12,22 +12,26 @@ It writes, for ``SLUG = NN-name`` (``--package`` overrides the package's name):
   4, seeded from ``checks.grading_seed()``), one numeric concept question (``concepts-text``, ``concepts-answer``,
   ``concept-a-tests``), and the chapter's package forbidden in the metadata and the setup cell;
 * ``tests/test_chapterNN.py``: the chapter's own tests;
-* the chapter's entry in :mod:`distlab.chapters`.
+* the chapter's entry in :mod:`distlab.chapters`;
+* the chapter's row in the three places that name every chapter in prose, which the tests
+  compare with the registry: the chapter map of :mod:`distlab`, the README's table and the
+  reading path of ``book/intro.md`` (:mod:`distlab.grade.new_chapter_rows`).
 
-Then it says what is left: release, run the chapter's gates, and name the chapter in the
-three hand-written places the tests compare with the registry. The book's instructor's guide,
-"Adding a chapter", lists every convention the tests enforce.
+It refuses, before writing anything, a chapter it cannot place. Then it says what is left:
+release, run the chapter's gates, replace the sample and refine the rows' wording. The book's
+instructor's guide, "Adding a chapter", lists every convention the tests enforce.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 from pathlib import Path
 from string import Template
 
-from distlab.grade import exercise
+from distlab.grade import exercise, new_chapter_rows
 from distlab.grade.new_chapter_text import (
     CONCEPT_A_TESTS,
     CONCEPTS_ANSWER,
@@ -82,6 +86,10 @@ def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = N
     values = {"slug": slug, "title": title, "number": str(int(slug[:2])), "nn": slug[:2], "package": package,
               "short": short, "chapter_url": f"{base}book/{slug}/index.html"}
     fill = lambda text: Template(text).substitute(values)   # noqa: E731 - one line, used below
+    graded = (f"{package}.reference:sum_of_squares",)
+    package_doc = ast.get_docstring(ast.parse(fill(PACKAGE_INIT)))
+    rows = new_chapter_rows.rows(repo, registry, int(slug[:2]), title, package, graded, f"book/{slug}/index",
+                                 package_doc)   # before anything is written: it refuses a chapter it cannot place
 
     written = []
     for path, text in ((places["page"], PAGE), (places["package"] / "__init__.py", PACKAGE_INIT),
@@ -94,11 +102,14 @@ def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = N
     written.append(places["solution"])
 
     entry = (f'    Chapter("{slug}", {json.dumps(title)}, "{package}",\n'
-             f'            ("{package}.reference:sum_of_squares",), "book/{slug}/index"),\n')
+             f'            ("{graded[0]}",), "book/{slug}/index"),\n')
     (repo / "src" / "distlab" / "chapters.py").write_text(registry.replace(MARKER, entry + MARKER, 1))
     written.append(repo / "src" / "distlab" / "chapters.py")
     add_to_toc(repo / "_toc.yml", slug)
     written.append(repo / "_toc.yml")
+    for path, text in rows.items():
+        path.write_text(text)
+        written.append(path)
     return written
 
 
@@ -163,10 +174,9 @@ def next_steps(slug: str, package: str) -> str:
     return f"""what is left (the instructor's guide, "Adding a chapter", has the whole checklist):
   1. python -m distlab.grade release {slug}      # writes notebooks/{slug}/ (commit it with solutions/)
   2. make test-chapter CHAPTER={slug}             # the chapter's gates, grading included
-  3. name the chapter in the three hand-written places tests/test_chapters.py compares with
-     src/distlab/chapters.py: the chapter map of src/distlab/__init__.py and the README's table
-     (a row '{int(slug[:2])} ...' naming `{package}`), and the reading path of book/intro.md
-     (a link to {slug}/index.md)
-  4. replace the sample task, question and reference with the chapter's own, keeping the
-     cell ids, and update the registry entry's graded references"""
+  3. replace the sample task, question and reference with the chapter's own, keeping the
+     cell ids, and update the registry entry's graded references
+  4. refine the wording of the chapter's rows written above, from the registry entry and the
+     first line of {package}'s docstring: the chapter map of src/distlab/__init__.py, the
+     README's table and the reading path of book/intro.md (keep the number, the package, the link)"""
 

@@ -57,14 +57,17 @@ course has set up its hub, a launch button that opens the notebook there
 ({doc}`/book/getting-started/how-to-use` explains both).
 '''
 
-PACKAGE_INIT = '''"""$title (chapter $number): the reference code its pages and its exercise use.
+PACKAGE_INIT = '''"""Chapter $number ($title): adding up a value that every rank holds a part of, with one all-reduce.
+
+The reference code the chapter's pages and its exercise use:
 
 * :func:`$package.reference.sum_of_squares`: the sum over all ranks of every element squared,
   with one all-reduce of one number.
 
 Made by ``python -m distlab.grade new-chapter`` as a start: replace the sample with the
 chapter's reference code, one idea per module, readable (students read this package), and
-keep the chapter's entry in :mod:`distlab.chapters` up to date.
+keep the chapter's entry in :mod:`distlab.chapters` up to date. The first line above, after
+the chapter's name, is where the reading path of ``book/intro.md`` got the chapter's description.
 """
 '''
 
