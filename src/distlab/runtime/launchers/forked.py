@@ -122,22 +122,35 @@ def _raise_stop(signum, frame):
     raise _Stop(signum)
 
 
-def _end_ranks(ranks: dict[int, int]) -> None:
-    """SIGTERM every rank still running, SIGKILL those still there after the grace period; reap them."""
+def _end_ranks(ranks: dict[int, int]) -> dict[int, int]:
+    """SIGTERM every rank still running, SIGKILL those still there after the grace period; reap
+    them. Returns ``{rank: exit code}`` of each (negative: the signal that ended it)."""
     for sig in (signal.SIGTERM, signal.SIGINT):   # a second request to stop must not cut this short
         signal.signal(sig, signal.SIG_IGN)
     for pid in ranks:
         _signal(pid, signal.SIGTERM)
+    codes = {}
     deadline = time.monotonic() + STOP_GRACE_S
     while ranks and time.monotonic() < deadline:
         for pid in list(ranks):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                del ranks[pid]
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                codes[ranks.pop(pid)] = os.waitstatus_to_exitcode(status)
         time.sleep(0.02)
     for pid in ranks:
         _signal(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        codes[ranks[pid]] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     ranks.clear()
+    return codes
+
+
+def _report_failures(codes: dict[int, int], pids: dict[int, int]) -> None:
+    """torchrun's failure summary, one entry per rank that did not exit with 0: the first one to
+    fail, and also any that failed on their own at the same moment (a wall-time cap reached by
+    every rank at once) or that we ended (SIGTERM, SIGKILL: victims, not culprits)."""
+    for rank in sorted(r for r, code in codes.items() if code != 0):
+        print(f"  rank      : {rank} (local_rank: {rank})\n"
+              f"  exitcode  : {codes[rank]} (pid: {pids[rank]})", flush=True)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -174,10 +187,9 @@ def main(argv: list[str]) -> int:
                 continue
             rank, code = ranks.pop(pid), os.waitstatus_to_exitcode(status)
             if code != 0:
-                print(f"[distlab fork launcher] rank {rank} failed; ending the others\n"
-                      f"  rank      : {rank} (local_rank: {rank})\n"
-                      f"  exitcode  : {code} (pid: {pid})", flush=True)
-                _end_ranks(ranks)
+                print(f"[distlab fork launcher] rank {rank} failed; ending the others", flush=True)
+                pids = {r: p for p, r in ranks.items()} | {rank: pid}
+                _report_failures({rank: code} | _end_ranks(ranks), pids)
                 return 1
         return 0
     except _Stop:
