@@ -11,7 +11,9 @@ What comes up, in order (each piece is what a centre runs, shrunk onto one machi
 3. a read-only git mirror of this repository (``git daemon`` on 127.0.0.1): the compute
    nodes have no internet, so the servers fetch the book's repository from it; the book's
    launch links still name the public repository, and git's ``insteadOf`` rewrites them;
-4. JupyterHub (hub/jupyterhub_config.py) on 127.0.0.1, servers as Slurm jobs of the students.
+4. JupyterHub (hub/jupyterhub_config.py) on 127.0.0.1, servers as Slurm jobs of the students;
+5. the instructor's account with its own private copy of the course and grading folder
+   (hub/instructor_account.py): the grading commands run as that account, never as root.
 
 tests/test_hub.py brings up the same pieces through :func:`course_hub`.
 """
@@ -45,6 +47,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(HERE))
 import accounts  # noqa: E402
+import instructor_account  # noqa: E402
 import slurm_cluster  # noqa: E402
 from course_spawner import PROFILES, cores  # noqa: E402
 
@@ -149,9 +152,10 @@ def git_mirror(run_dir: Path, port: int):
 
 
 def make_instructor_folders_private() -> list[Path]:
-    """chmod o-rwx the repository's INSTRUCTOR_ONLY folders: the students' servers read the
-    repository (the course environment is installed from it), but not these."""
-    folders = [REPO / name for name in INSTRUCTOR_ONLY if (REPO / name).exists()]  # files too, since issue 35
+    """chmod o-rwx the repository's INSTRUCTOR_ONLY folders and its ``.git`` (whose objects hold
+    them all): the students' servers read the repository (the course environment is installed
+    from it), but not these."""
+    folders = [REPO / name for name in (*INSTRUCTOR_ONLY, ".git") if (REPO / name).exists()]  # files too, since issue 35
     for folder in folders:
         os.chmod(folder, os.stat(folder).st_mode & ~0o007)
     return folders
@@ -261,7 +265,8 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     ``idle_timeout``: seconds without activity after which the idle culler stops a server (and
     so ends its job); ``activity_interval``: how often servers and proxy report activity.
 
-    Yields ``{"url", "passwords", "slurm_conf", "cluster", "log", "mirror"}``. Leaving the block
+    Yields ``{"url", "passwords", "slurm_conf", "cluster", "log", "mirror", "exchange", "grading",
+    "instructor"}`` (``instructor``: for :func:`instructor_account.command`). Leaving the block
     stops the hub (and its proxy), cancels every job, ends the daemons; the accounts stay
     (remove them with :func:`accounts.remove_accounts`).
     """
@@ -283,8 +288,7 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     os.chmod(run_dir, 0o755)  # the students' jobs read slurm.conf and use munge's socket below it
     state = run_dir / "state"
     state.mkdir(mode=0o700, exist_ok=True)  # the hub's database and cookie secret: root only
-    grading = run_dir / "grading"
-    grading.mkdir(mode=0o700, exist_ok=True)  # the gradebook, submissions, feedback: root only
+    grading = run_dir / "grading"   # the gradebook, submissions, feedback: the instructor's alone
     exchange = run_dir / "exchange"
     exchange.mkdir(exist_ok=True)
     # nbgrader's shared exchange: every user may write (nbgrader's docs); the sticky bit keeps
@@ -314,16 +318,24 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                                    stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
+            instructor = instructor_account.set_up(run_dir, instructor_of(course), REPO, grading, course_env,
+                                                   exchange, cluster["slurm_conf"])
             _wait_for(lambda: _hub_ready(log, url), START_TIMEOUT, "JupyterHub did not answer", hub, log)
             yield {"url": url, "passwords": passwords, "slurm_conf": cluster["slurm_conf"],
                    "cluster": cluster, "log": log, "mirror": mirror, "hub_pid": hub.pid, "exchange": exchange,
-                   "server_python": python,
-                   # what the instructor's `python -m distlab.grade` needs in its environment
+                   "server_python": python, "grading": grading,
+                   # who runs `python -m distlab.grade`, from where: instructor_account.command(hub["instructor"], ...)
+                   "instructor": instructor,
                    "grade_env": {"DISTLAB_GRADE_WORK": str(grading), "DISTLAB_GRADE_EXCHANGE": str(exchange)}}
         finally:
             _end(hub, grace=30)   # JupyterHub gives its services up to 20 s to stop
             end_proxy(state / "proxy.pid", proxy_api_port)
             end_culler(f"http://127.0.0.1:{hub_api_port}/hub/api")
+
+
+def instructor_of(course: str) -> str:
+    """The course's instructor account (hub/accounts.py makes it with the students)."""
+    return f"{course}-instructor1"
 
 
 def example_due_date() -> str:
@@ -357,11 +369,14 @@ def up(course: str, students: int = 3) -> int:
             for user, password in hub["passwords"].items():
                 print(f"  {user:<{width}}  password {password}")
             print(f"\nOpen chapter 0 as a student (the book's launch button, for this hub):\n  {launch_link(hub['url'])}")
-            grade_env = " ".join(f"{k}={v}" for k, v in hub["grade_env"].items())
-            print("\nThe instructor (root, in this repository) releases, collects, grades and returns:\n"
-                  f"  export {grade_env}\n"
-                  f"  .venv/bin/python -m distlab.grade publish 00-first-steps --due \"{example_due_date()}\"\n"
-                  "  .venv/bin/python -m distlab.grade collect 00-first-steps   # then autograde, feedback, return")
+            instructor = hub["instructor"]
+            profile = instructor_account.shell_profile(instructor)
+            print(f"\nThe instructor ({instructor['user']}, not root: a copy of the course of their own, "
+                  f"{instructor['course']}) releases, collects, grades and returns:\n"
+                  f"  su - {instructor['user']}\n"
+                  f"  source {profile}\n"
+                  f"  python -m distlab.grade publish 00-first-steps --due \"{example_due_date()}\"\n"
+                  "  python -m distlab.grade collect 00-first-steps   # then autograde, feedback, return")
             print(f"\nSlurm: export SLURM_CONF={hub['slurm_conf']}; squeue    Hub log: {hub['log']}", flush=True)
             while not stopping:
                 time.sleep(0.5)

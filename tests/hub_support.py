@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hub"))
 import accounts  # noqa: E402
 import demo  # noqa: E402
+import instructor_account  # noqa: E402, F401 (the hub tests take it from here)
 
 
 def course_hub_for_a_module(course: str, students: int, queue_timeout: int, artifacts: Path, **options):

@@ -1,7 +1,9 @@
 """Hand-in and feedback through the course hub: nbgrader's exchange, end to end.
 
 The demo hub (hub/demo.py's ``course_hub``, course prefix ``dle``) with six students. The
-instructor (root, as on the demo machine) publishes chapter 0 with ``python -m distlab.grade``;
+instructor (their own unprivileged account, from their own copy of the course, as on the demo
+machine: root starts the hub and the sandbox, nothing more) publishes chapter 0 with
+``python -m distlab.grade``;
 student 1 works in a browser (the book's launch button opens the assignment, fetched for them
 into the folder the Assignments tab submits from; answer, run on their Slurm allocation, submit
 from the Assignments tab; later fetch the feedback and read the score); the others use nbgrader's CLI as their
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -27,7 +30,7 @@ import hub_support
 import nbformat
 import pytest
 from book_browser import CHROMIUM_ARGS, find_chromium
-from hub_support import demo
+from hub_support import demo, instructor_account
 from playwright.sync_api import expect, sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,9 +52,11 @@ def course():
 
 
 def instructor(course, *args: str) -> subprocess.CompletedProcess:
-    """``python -m distlab.grade ARGS`` as the instructor runs it on the hub machine."""
-    proc = subprocess.run([sys.executable, "-m", "distlab.grade", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=400, env=dict(os.environ, **course["grade_env"]))
+    """``python -m distlab.grade ARGS`` as the instructor runs it on the hub machine: as the
+    course's instructor account, never root (hub/instructor_account.py)."""
+    teacher = course["instructor"]
+    proc = subprocess.run(instructor_account.command(teacher, *args), cwd=teacher["course"], capture_output=True,
+                          text=True, timeout=400)
     (ARTIFACTS / "instructor.log").open("a").write(f"$ grade {' '.join(args)}\n{proc.stdout}{proc.stderr}\n")
     return proc
 
@@ -81,6 +86,10 @@ def submit_cli(course, user: str, notebook: bytes, options: str = "") -> None:
         assert proc.returncode == 0 and "Submitted as" in proc.stderr + proc.stdout, proc.stderr
     finally:
         shutil.rmtree(staged)
+
+
+def student_uids(course) -> set[int]:
+    return {pwd.getpwnam(user).pw_uid for user in course["passwords"] if "student" in user}
 
 
 def released_notebook(course) -> Path:
@@ -195,7 +204,8 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         assert len(mine) == 3, mine  # two of the student's own, one by the impostor: all kept
         peek = as_student(course, blank, f"ls {inbound}")
         assert peek.returncode != 0 and "Permission denied" in peek.stderr
-        for private in (REPO / "solutions", REPO / "grader", Path(course["grade_env"]["DISTLAB_GRADE_WORK"])):
+        teacher = course["instructor"]
+        for private in (REPO / "solutions", REPO / "grader", REPO / ".git", course["grading"], teacher["course"]):
             peek = as_student(course, blank, f"ls {private}")
             assert peek.returncode != 0 and "Permission denied" in peek.stderr, private
 
@@ -204,7 +214,7 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         assert collected.returncode == 0, collected.stdout + collected.stderr
         assert re.search(rf"REFUSED '{correct}\+.*names {correct} but was made by {blank}", collected.stdout)
         # What student 1 handed in is the notebook the launch button opened, with the answer.
-        work = Path(course["grade_env"]["DISTLAB_GRADE_WORK"])
+        work = Path(course["grading"])
         handed_in = (work / "submitted" / browser_student / SLUG / f"{SLUG}.ipynb").read_text()
         assert "return dist.get_rank()" in handed_in and "My note:" in handed_in
         graded = instructor(course, "autograde", SLUG)
@@ -212,6 +222,15 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         assert re.search(rf"{malformed} NOT GRADED \(scores 0\): .*Notebook does not appear to be JSON", log), log[-3000:]
         assert instructor(course, "feedback", SLUG).returncode == 0
         assert instructor(course, "return", SLUG).returncode == 0
+        # Least privilege: every file the grading commands made (gradebook, copies of the
+        # submissions, graded notebooks, feedback, what `return` put in the exchange) belongs to
+        # the instructor's account. Root made none of them: nothing a student left was ever
+        # handled with root's rights.
+        owner = pwd.getpwnam(teacher["user"]).pw_uid
+        made = [work, *work.rglob("*"), *(Path(course["exchange"]) / "distlab").rglob("*")]
+        by_others = sorted(str(p) for p in made if p.lstat().st_uid not in (owner, *student_uids(course)))
+        assert not by_others, f"made by someone other than the instructor (root?): {by_others[:5]}"
+        assert any(p.lstat().st_uid == owner for p in (work / "autograded").rglob("*.ipynb"))
 
         # -- The grades.
         from nbgrader.api import Gradebook, MissingEntry

@@ -11,6 +11,7 @@ checks real passwords, every server is a Slurm job of its student, the notebook'
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import signal
 import stat
@@ -126,6 +127,18 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
             assert response.status == 200
         run_dir = Path(re.search(r"Hub log: (\S+)/hub\.log", printed).group(1))
         assert run_dir.is_dir()
+        # The instructor's printed steps, typed as printed: a login shell of the instructor's
+        # account (not root), the course's variables, and `publish` from their own copy.
+        become = re.search(rf"^\s+su - ({course}-instructor1)$", printed, re.M)
+        source = re.search(r"^\s+(source \S+course-env\.sh)$", printed, re.M)
+        publish = re.search(r"^\s+(python -m distlab\.grade publish 00-first-steps --due \"[^\"]+\")$", printed, re.M)
+        assert become and source and publish, printed
+        published = subprocess.run(["su", "-", become.group(1), "-c", f"{source.group(1)} && id -un && {publish.group(1)}"],
+                                   capture_output=True, text=True, timeout=300)
+        assert published.returncode == 0, published.stdout + published.stderr
+        assert published.stdout.splitlines()[0] == become.group(1)
+        released = run_dir / "exchange" / "distlab" / "outbound" / "00-first-steps" / "00-first-steps.ipynb"
+        assert released.is_file() and released.stat().st_uid == pwd.getpwnam(become.group(1)).pw_uid
 
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(timeout=90) == 0, "".join(lines)

@@ -227,8 +227,9 @@ def autograde(slug: str, students: list[str]) -> int:
 def feedback(slug: str, students: list[str]) -> int:
     start = time.monotonic()
     code = max(run_code for _, run_code, _ in for_each_student("generate_feedback", slug, students))
-    say(f"feedback for {slug} is in {os.path.join(config.work_dir(), 'feedback')} "
-        f"({time.monotonic() - start:.1f} s)")
+    where = os.path.join(config.work_dir(), "feedback")
+    say(f"feedback for {slug} is in {where} ({time.monotonic() - start:.1f} s)" if code == 0 else
+        f"feedback for {slug} failed (see above; what was made is in {where}, {time.monotonic() - start:.1f} s)")
     return code
 
 
