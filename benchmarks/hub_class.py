@@ -29,11 +29,12 @@ What happens, as it would in a lab session that ends with a hand-in:
    Slurm job: they must be an ``srun`` step of the student's own server job. The *first-cell
    time* is that cell's, from sending it to its result.
 6. **The deadline**: everyone submits within the same minute, through nbgrader's CLI as their
-   own Unix user (tests/test_exchange.py's ``as_student``): half a correct notebook, half the
-   blank release, each with a Markdown cell naming its author, so a submission filed under the
-   wrong name is seen, not guessed. Then the deadline passes (``grade due ... now``) and the
-   students log off (their servers stopped through the API): the cluster is sized for the
-   class, so the grading jobs need the cores the servers held.
+   own Unix user (the command tests/test_exchange.py's ``as_student`` runs), each hand-in in a
+   process group of its own: half a correct notebook, half the blank release, each with a
+   Markdown cell naming its author, so a submission filed under the wrong name is seen, not
+   guessed. Once every hand-in's processes have ended, the deadline passes (``grade due ...
+   now``) and the students log off (their servers stopped through the API): the cluster is
+   sized for the class, so the grading jobs need the cores the servers held.
 7. **The instructor**: ``python -m distlab.grade collect``, ``autograde --slurm``,
    ``feedback``, ``return``, exactly as the instructor's guide has them.
 8. **Every student fetches their feedback** (``nbgrader fetch_feedback`` as themselves), which
@@ -47,6 +48,24 @@ student served, collected == made with none mis-attributed, every grade as expec
 student's own feedback fetched. Target (printed, not enforced): p95 spawn at most 60 s here.
 
 Run as root on the machine that runs ``make test`` (users, PAM, Slurm, as ``make hub``).
+
+**Why a hand-in ends before the deadline passes** (the run of 30 that graded 13 students late).
+On a machine loaded by other work, the 30 hand-ins took longer than the 120 s that
+``as_student`` gave each (``subprocess.run``'s timeout). That timeout killed ``runuser``
+only: bash and ``nbgrader submit`` below it, in the same process group, ran on. The benchmark
+took the 30 TimeoutExpired as the end of the step, and moved the due date to "now" while the
+hand-ins were still being written: 22 of them landed 0.7 to 14 s after it (their nbgrader
+timestamps), so nbgrader counted them late. The 13 of those with the correct notebook lost
+their 6 points to the late penalty ("Late submission penalty: 6.0" in the feedback step: the
+13 grades that differed from the expected ones; a blank notebook has no points to lose); 30
+were collected, yet 0 counted as made. That was the benchmark's own doing, not the exchange's: a
+student who submits before the deadline is on time however long the exchange then takes.
+Now each hand-in runs in a process group of its own that is ended as a whole, by its id, when
+it runs out of time (``--nbgrader-timeout``, 600 s: over four times the slowest hand-in seen
+under load), ``submit`` returns only when no process of the group is left, and the deadline
+passes only after every hand-in has returned. A hand-in that fails or runs out of time is
+still reported as not made, and the invariants stay as strict: made, collected, every grade
+exactly as expected with no late penalty. The report gives the hand-ins' times (p50, p95, max).
 """
 
 from __future__ import annotations
@@ -61,7 +80,9 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -84,13 +105,19 @@ import demo  # noqa: E402
 import grading_support  # noqa: E402
 import postgres_server  # noqa: E402
 from course_spawner import DEFAULT_RUNTIME, PROFILES  # noqa: E402
-from process_support import run_in_own_group  # noqa: E402
-from test_exchange import as_student, released_notebook  # noqa: E402
+from process_support import GUARDIAN, run_in_own_group  # noqa: E402
+from test_exchange import released_notebook  # noqa: E402
 
 COURSE = "dlk"
 SLUG = grading_support.SLUG
 FULL_MARKS = 6.0
 SPAWN_TARGET_S = 60.0
+# How long one student's nbgrader command (fetch and submit; fetch_feedback) may take. 30 hand-ins
+# at once on 2 cores, with the 30 servers still up and the machine loaded by other work, took
+# 118 to 135 s each (their nbgrader timestamps, run n30b), at 3 to 4 s of CPU per `nbgrader
+# submit` when alone; 600 s is over four times the slowest. Past it the command's whole process
+# group is ended and the hand-in counts as failed (--nbgrader-timeout).
+NBGRADER_TIMEOUT_S = 600.0
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 # What each grading job asks for: one core, 2 GiB, 15 minutes, as tests/test_grade_cluster.py
@@ -120,6 +147,8 @@ class Student:
     fetched_by_link: bool = False
     submitted: bool = False
     submitted_at: float | None = None
+    submit_s: float | None = None     # the hand-in's nbgrader commands, start to the end of their group
+    submit_ended: bool = False         # no process of the hand-in was left running
     feedback_ok: bool = False
     errors: list[str] = field(default_factory=list)
 
@@ -372,14 +401,76 @@ def stage(notebook: bytes) -> Path:
     return staged / "answer.ipynb"
 
 
-def submit(hub: dict, student: Student, notebook: Path) -> None:
+def student_command(hub: dict, user: str, script: str) -> list[str]:
+    """A shell ``script`` run by ``user`` with the environment their server's job has: what
+    tests/test_exchange.py's ``as_student`` runs, here run by :func:`as_student_in_own_group`."""
+    job_env = {"HOME": f"/home/{user}", "USER": user, "LOGNAME": user,
+               "PATH": f"{Path(hub['server_python']).parent}:/usr/bin:/bin",
+               "JUPYTER_CONFIG_PATH": f"{REPO / 'hub' / 'jupyter'}:{Path(sys.prefix) / 'etc' / 'jupyter'}",
+               "JUPYTER_PATH": str(Path(sys.prefix) / "share" / "jupyter"),
+               "DISTLAB_HUB_EXCHANGE": str(hub["exchange"])}
+    return ["/usr/sbin/runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in job_env.items()],
+            "bash", "-c", f"cd ~ && {script}"]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` is still there (a zombie counts as ended)."""
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                return True
+    return False
+
+
+def as_student_in_own_group(hub: dict, user: str, script: str, timeout: float) -> tuple[subprocess.CompletedProcess, bool]:
+    """Run :func:`student_command` in a process group of its own; return what it printed and
+    whether it ran out of ``timeout``. Either way the whole group (runuser, bash, nbgrader) is
+    ended, by its id, and this returns only once no process of it is left: nothing of the
+    command can still write to the exchange afterwards.
+
+    ``runuser -u`` keeps its command in its own process group (it does not call ``setsid``), so
+    the group holds everything the command started. ``subprocess.run``'s timeout, which this
+    replaces, killed only runuser: bash and nbgrader ran on (see the module's docstring).
+    :data:`process_support.GUARDIAN` leads the group and ends it if this process dies.
+    """
+    proc = subprocess.Popen([sys.executable, "-c", GUARDIAN, *student_command(hub, user, script)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        out, err = "", ""
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if timed_out:
+            out, err = proc.communicate()
+        proc.wait()
+    gone = time.monotonic() + 60
+    while group_alive(proc.pid):   # SIGKILL is acted on when each process next runs
+        if time.monotonic() > gone:
+            raise RuntimeError(f"{user}'s command {script!r}: process group {proc.pid} outlived SIGKILL by 60 s")
+        time.sleep(0.2)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), timed_out
+
+
+def submit(hub: dict, student: Student, notebook: Path, timeout: float) -> None:
     """At the deadline: fetch (unless the launch link did) and submit with nbgrader's CLI, as the
-    student's own Unix user (tests/test_exchange.py's ``submit_cli``, which this follows)."""
-    done = as_student(hub, student.name, f"(test -d {SLUG} || python -m nbgrader fetch_assignment {SLUG}) && "
-                                         f"cp {notebook} {SLUG}/{SLUG}.ipynb && python -m nbgrader submit {SLUG}")
-    student.submitted = done.returncode == 0 and "Submitted as" in done.stdout + done.stderr
+    student's own Unix user (tests/test_exchange.py's ``submit_cli``, which this follows), in a
+    process group that has ended when this returns. A hand-in that failed or ran out of time is
+    recorded as not made."""
+    start = time.monotonic()
+    done, timed_out = as_student_in_own_group(
+        hub, student.name, f"(test -d {SLUG} || python -m nbgrader fetch_assignment {SLUG}) && "
+                           f"cp {notebook} {SLUG}/{SLUG}.ipynb && python -m nbgrader submit {SLUG}", timeout)
+    student.submit_s, student.submit_ended = time.monotonic() - start, True
     student.submitted_at = time.time()
-    if not student.submitted:
+    student.submitted = not timed_out and done.returncode == 0 and "Submitted as" in done.stdout + done.stderr
+    if timed_out:
+        student.errors.append(f"submit: still running after {timeout:g} s; its process group was ended, "
+                              f"so it was not handed in: {(done.stdout + done.stderr)[-300:]}")
+    elif not student.submitted:
         student.errors.append(f"submit: exit {done.returncode}: {(done.stdout + done.stderr)[-500:]}")
 
 
@@ -398,11 +489,14 @@ def log_off(hub_url: str, student: Student, timeout: float) -> None:
         student.errors.append(f"log off: {exc}")
 
 
-def fetch_feedback(hub: dict, student: Student) -> None:
-    """``nbgrader fetch_feedback`` as the student; their feedback must name them, no one else,
-    and show the score they earned."""
-    done = as_student(hub, student.name, f"python -m nbgrader fetch_feedback {SLUG}")
+def fetch_feedback(hub: dict, student: Student, timeout: float) -> None:
+    """``nbgrader fetch_feedback`` as the student (in a process group of its own, as ``submit``);
+    their feedback must name them, no one else, and show the score they earned."""
+    done, timed_out = as_student_in_own_group(hub, student.name, f"python -m nbgrader fetch_feedback {SLUG}", timeout)
     pages = sorted(Path(f"/home/{student.name}/{SLUG}/feedback").glob(f"*/{SLUG}.html"))
+    if timed_out:
+        student.errors.append(f"feedback: still running after {timeout:g} s; its process group was ended")
+        return
     if done.returncode != 0 or not pages:
         student.errors.append(f"feedback: exit {done.returncode}, {len(pages)} page(s): {done.stderr[-300:]}")
         return
@@ -571,11 +665,17 @@ def class_at_a_deadline(hub: dict, db_url: str, options, meter: Meter, log: list
     release = released_notebook(hub)
     staged = {s.name: stage(submission(s, release)) for s in students}
     try:
-        phases["submit"] = at_once("submit", lambda s: submit(hub, s, staged[s.name]), students)
+        phases["submit"] = at_once("submit", lambda s: submit(hub, s, staged[s.name], options.nbgrader_timeout),
+                                   students)
     finally:
         for path in staged.values():
             shutil.rmtree(path.parent, ignore_errors=True)
     hub_cpu_class = meter.hub_cpu_s() - cpu_before
+    # The deadline passes once every hand-in's processes have ended (submit returns only then):
+    # one still running would land after it and be graded late by the benchmark's own doing.
+    unended = [s.name for s in students if not s.submit_ended]
+    if unended:
+        raise RuntimeError(f"the hand-ins of {unended} did not end: the deadline cannot pass under them")
     time.sleep(1.1)   # a due date has whole seconds: the last submission must fall before it
     phases["deadline"] = instructor(env, log, "due", SLUG, now_utc())
     phases["servers stopped"] = at_once("log off", lambda s: log_off(url, s, options.timeout), students)
@@ -587,7 +687,8 @@ def class_at_a_deadline(hub: dict, db_url: str, options, meter: Meter, log: list
     phases["feedback"] = instructor(env, log, "feedback", SLUG)
     phases["return"] = instructor(env, log, "return", SLUG)
     meter.phase = "feedback"
-    phases["fetch feedback"] = at_once("feedback", lambda s: fetch_feedback(hub, s), students)
+    phases["fetch feedback"] = at_once("feedback", lambda s: fetch_feedback(hub, s, options.nbgrader_timeout),
+                                       students)
     phases["total"] = time.monotonic() - started
 
     made = sum(s.submitted for s in students)
@@ -611,6 +712,8 @@ def class_at_a_deadline(hub: dict, db_url: str, options, meter: Meter, log: list
         "submissions_collected": count,
         "misattributed": misfiled,
         "submit_spread_s": (max(times) - min(times)) if times else None,
+        "submit_s": percentiles([s.submit_s for s in students if s.submit_s is not None]),
+        "nbgrader_timeout_s": options.nbgrader_timeout,
         "grades_expected": len(students),
         "grades_as_expected": len(as_expected),
         "grades": scores,
@@ -660,6 +763,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--grading-jobs", type=int, default=os.cpu_count() or 1,
                         help="grading jobs at once, autograde's --max-parallel (default: this machine's cores)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds any one student's step may take")
+    parser.add_argument("--nbgrader-timeout", type=float, default=NBGRADER_TIMEOUT_S,
+                        help="seconds one student's nbgrader command may take; past it its process group is ended "
+                             "and the step counts as failed (default: %(default)s)")
     parser.add_argument("--queue-timeout", type=int, default=120, help="the hub's queue timeout (demo's default)")
     parser.add_argument("--artifacts", type=Path, help="keep the hub's log and the instructor's output in this folder")
     options = parser.parse_args(argv)
@@ -719,6 +825,8 @@ def report(f: dict) -> None:
     spread = f"{f['submit_spread_s']:.1f} s" if f["submit_spread_s"] is not None else "-"
     print(f"submissions       made {f['submissions_made']}, collected {f['submissions_collected']} (must be equal); "
           f"mis-attributed {len(f['misattributed'])}; all handed in within {spread}")
+    print(f"submit            {seconds(f['submit_s'])}   (fetch and submit as the student, all at once; "
+          f"ended at {f['nbgrader_timeout_s']:g} s)")
     print(f"grades            {f['grades_as_expected']} of {f['grades_expected']} as expected "
           f"({(n + 1) // 2} correct: {FULL_MARKS:g}, {n // 2} blank: 0)")
     print(f"feedback          {f['feedback_fetched']} of {n} fetched their own")

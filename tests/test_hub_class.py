@@ -41,3 +41,4 @@ def test_a_class_hands_in_at_the_deadline_and_everyone_gets_their_own_grade():
     assert figures["left_behind"] == [], detail                        # no process of the course survives it
     assert figures["failures"] == [], detail
     assert figures["spawn_s"]["n"] == STUDENTS and figures["first_cell_s"]["n"] == STUDENTS
+    assert figures["submit_s"]["n"] == STUDENTS                         # every hand-in ended before the deadline
