@@ -53,7 +53,10 @@ course_env = Path(os.environ.get("DISTLAB_HUB_COURSE_ENV", sys.prefix))
 # interpreter is private to root (see hub/README.md, "server environment").
 server_python = Path(os.environ.get("DISTLAB_HUB_SERVER_PYTHON", course_env / "bin" / "python"))
 c.Spawner.cmd = [str(course_env / "bin" / "jupyterhub-singleuser")]
-c.CourseSlurmSpawner.batchspawner_singleuser_cmd = f"{server_python} -m batchspawner.singleuser"
+# batchspawner's batchspawner-singleuser, by way of hub/jupyter/course_singleuser.py: the same
+# server, without start-up work no student uses (an IRI grammar, a run of node): half the CPU of
+# a start, which a class pays all at once when everyone presses Start.
+c.CourseSlurmSpawner.batchspawner_singleuser_cmd = f"{server_python} {HERE / 'jupyter' / 'course_singleuser.py'}"
 c.Spawner.default_url = "/lab"
 c.Spawner.environment = {
     # The job's whole environment (sbatch --export): the course's Python first on PATH, so
