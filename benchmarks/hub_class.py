@@ -113,10 +113,11 @@ SLUG = grading_support.SLUG
 FULL_MARKS = 6.0
 SPAWN_TARGET_S = 60.0
 # How long one student's nbgrader command (fetch and submit; fetch_feedback) may take. 30 hand-ins
-# at once on 2 cores, with the 30 servers still up and the machine loaded by other work, took
-# 118 to 135 s each (their nbgrader timestamps, run n30b), at 3 to 4 s of CPU per `nbgrader
-# submit` when alone; 600 s is over four times the slowest. Past it the command's whole process
-# group is ended and the hand-in counts as failed (--nbgrader-timeout).
+# at once on 2 cores, with the 30 servers still up and the machine loaded by other work, were
+# stamped by nbgrader 118 to 135 s after they started (run n30b); alone, `nbgrader submit` takes
+# 3 to 4 s of CPU, and 4 hand-ins at once took 9 to 11 s. 600 s is over four times the slowest.
+# Past it the command's whole process group is ended and the hand-in counts as failed
+# (--nbgrader-timeout).
 NBGRADER_TIMEOUT_S = 600.0
 GIB = 1024 ** 3
 MIB = 1024 ** 2
