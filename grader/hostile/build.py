@@ -32,13 +32,14 @@ SLUG = "00-first-steps"
 POINTS = {"task1-tests": 1, "task2-tests": 2, "concept-a-tests": 1, "concept-b-tests": 1, "concept-c-tests": 1}
 
 
-def specs() -> dict:
-    """``{name: module}`` for every hostile submission file."""
+def specs(folder: str = HERE) -> dict:
+    """``{name: module}`` for every hostile submission file in ``folder`` (default: this one;
+    ``caps/`` holds those that need the grader run with small caps, tests/test_submission_caps.py)."""
     found = {}
-    for filename in sorted(os.listdir(HERE)):
+    for filename in sorted(os.listdir(folder)):
         if filename.endswith(".py") and filename not in ("build.py", "__init__.py"):
             name = filename[:-3]
-            spec = importlib.util.spec_from_file_location(f"hostile_{name}", os.path.join(HERE, filename))
+            spec = importlib.util.spec_from_file_location(f"hostile_{name}", os.path.join(folder, filename))
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             found[name] = module

@@ -14,7 +14,8 @@
   which runs after it, removes the hidden code from the cell source).
 
 Both execution plugins leave no process behind: the nbgrader process is made a child
-subreaper, and after each notebook every process still below it is killed.
+subreaper, and after each notebook every process still below it is killed. Each runs its
+processes in one control group of the submission (:mod:`distlab.grade.cgroups`).
 """
 
 from __future__ import annotations
@@ -33,16 +34,10 @@ from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.api import Gradebook, MissingEntry
-from nbgrader.preprocessors import (
-    ClearHiddenTests,
-    Execute,
-    NbGraderPreprocessor,
-    OverwriteCells,
-    SaveAutoGrades,
-)
+from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
 from traitlets import Integer, List, Unicode
 
-from distlab.grade import bubblewrap, config, limits, pipes
+from distlab.grade import bubblewrap, cgroups, config, limits, pipes
 from distlab.runtime import processes
 
 
@@ -80,13 +75,13 @@ class GradingKernelManager(AsyncKernelManager):
     def format_kernel_cmd(self, extra_arguments=None):
         argv = [sys.executable, "-m", "distlab.grade.kernel", "-f", self.connection_file] + list(extra_arguments or [])
         if not self.sandboxed:
-            return argv
+            return cgroups.wrap_for_current(argv)
         for folder in (self.sockets_folder, self.kernel_cwd):
             bubblewrap.hand_over(folder)
         # JPY_PARENT_PID=1: no parent polling (inside, the parent is the sandbox's init; bwrap's
         # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
-        return bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
-                                  env={"JPY_PARENT_PID": "1"})
+        return cgroups.wrap_for_current(bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd],
+                                                           cwd=self.kernel_cwd, env={"JPY_PARENT_PID": "1"}))
 
     async def interrupt_kernel(self):
         if not self.sandboxed:
@@ -131,7 +126,8 @@ class KernelExecute(Execute):
             })
             resources["metadata"]["path"] = folder   # where nbclient starts the kernel
             try:
-                return super().preprocess(nb, resources, km=km)
+                with cgroups.phase(self, resources, "kernel"):   # caps on the kernel and its ranks together
+                    return super().preprocess(nb, resources, km=km)
             finally:
                 resources["metadata"]["path"] = graded
                 os.environ.pop("DISTLAB_GRADE_KERNEL", None)
@@ -194,7 +190,8 @@ class CleanRoomTests(NbGraderPreprocessor):
         job = {"cells": cells, "trusted_cells": trusted, "test_cells": tests, "caps": self.caps(),
                "protected": config.protected_paths(), "forbidden": forbidden,
                "test_timeout": self.test_timeout_s}
-        verdicts, problem = self.run_clean_room(job, len(tests))
+        with cgroups.phase(self, resources, "clean room"):   # caps on the clean room and its ranks together
+            verdicts, problem = self.run_clean_room(job, len(tests))
         for cell in nb.cells:
             if not is_test_cell(cell):
                 continue
@@ -228,6 +225,7 @@ class CleanRoomTests(NbGraderPreprocessor):
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
                 argv = bubblewrap.command(argv, writable=[room], cwd=room)
+            argv = cgroups.wrap_for_current(argv)
             try:
                 proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
                                         pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)

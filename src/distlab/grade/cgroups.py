@@ -1,0 +1,287 @@
+"""Caps on a whole submission at once: one control group for its kernel, its clean room and all
+their ranks.
+
+:mod:`distlab.grade.limits` caps each process: a rank may hold 3 GiB, the kernel 6 GiB. But a
+submission is many processes (the kernel, the clean room, four ranks, whatever they start),
+and each may go up to its own cap at the same moment: eight processes at 3 GiB each are 24 GiB,
+a whole node. A Linux *control group* bounds their sum: every process started inside it, and
+every process those start, counts against one memory limit and one limit on the number of
+tasks (processes and threads). Past the memory limit the kernel's out-of-memory killer ends a
+process of that group, never one of the grader's or another student's; past the task limit,
+``fork`` fails inside the group.
+
+Two kinds of control groups exist. cgroup v2 (current Debian, Ubuntu, RHEL and most cluster
+nodes) is one tree at ``/sys/fs/cgroup`` (``memory.max``, ``pids.max``); cgroup v1 (older
+systems, and this project's test machine) has one tree per controller
+(``/sys/fs/cgroup/memory/``, ``/sys/fs/cgroup/pids/``). Creating a group needs the right to
+write there: root has it; another account has it only where the system delegated a part of the
+tree to it. Where no group can be made, grading goes on with the per-process caps alone and
+says so once in its log.
+
+A process enters the group before it runs anything of the student's: the command that starts
+the kernel or the clean room is prefixed with a small shell that writes its own process id into
+the group, then ``exec``\\ s the real command (:meth:`SubmissionGroup.wrap`). After the phase,
+:meth:`SubmissionGroup.close` kills whatever is still in the group and removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import time
+from pathlib import Path
+
+from traitlets import Integer
+from traitlets.config import Configurable
+
+ROOT = Path("/sys/fs/cgroup")
+PREFIX = "distlab-grade"
+
+
+def _v2_root() -> Path | None:
+    """The v2 tree, if it is mounted whole at /sys/fs/cgroup with memory and pids available."""
+    controllers = ROOT / "cgroup.controllers"
+    if controllers.exists() and {"memory", "pids"} <= set(controllers.read_text().split()):
+        return ROOT
+    return None
+
+
+def _v1_roots() -> dict[str, Path] | None:
+    """Where v1 memory and pids groups go, if both controllers are mounted: below the grader's
+    own group of each (so limits set above it, e.g. by a batch job's, still apply)."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            own[controller] = path
+    roots = {name: ROOT / name / own.get(name, "/").lstrip("/") for name in ("memory", "pids")}
+    if all((root / "cgroup.procs").exists() for root in roots.values()):
+        return roots
+    return None
+
+
+def group_roots() -> list[Path]:
+    """The folders new groups go in: the v2 tree's root, or the v1 memory and pids folders."""
+    v2 = _v2_root()
+    return [v2] if v2 is not None else list((_v1_roots() or {}).values())
+
+
+def available() -> str | None:
+    """Why no group can be made here, or ``None`` if one can."""
+    v2, v1 = _v2_root(), _v1_roots()
+    if v2 is None and v1 is None:
+        return "this system offers neither cgroup v2 (memory, pids) nor the v1 memory and pids controllers"
+    folders = [v2] if v2 is not None else list(v1.values())
+    if not all(os.access(folder, os.W_OK) for folder in folders):
+        return f"this account may not create control groups in {', '.join(map(str, folders))}"
+    return None
+
+
+def remove_groups_of_dead_graders(roots: list[Path]) -> None:
+    """Remove the groups a grader that was killed left behind (empty once its processes are gone:
+    they die with it). A group's name carries its grader's process id; live graders' are kept."""
+    for root in roots:
+        for folder in root.glob(f"{PREFIX}-*"):
+            try:
+                pid = int(folder.name.split("-")[2])
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass   # processes still in it: another grader's turn, or the next sweep
+            except (ValueError, IndexError, PermissionError):
+                pass
+
+
+class SubmissionGroup:
+    """A control group capping one submission's processes together (see the module)::
+
+        with SubmissionGroup("s1-00-first-steps", memory_mb=8192, tasks=512) as group:
+            subprocess.Popen(group.wrap(argv))   # the process and all it starts are inside
+    """
+
+    def __init__(self, label: str, memory_mb: int, tasks: int):
+        self.label = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)[:60]
+        self.memory_mb, self.tasks = memory_mb, tasks
+        self.folders: list[Path] = []   # one (v2) or two (v1: memory, pids)
+        self.version = 0
+
+    def __enter__(self) -> "SubmissionGroup":
+        name = f"{PREFIX}-{os.getpid()}-{time.monotonic_ns()}-{self.label}"
+        v2 = _v2_root()
+        remove_groups_of_dead_graders(group_roots())
+        try:
+            if v2 is not None:
+                self.version = 2
+                self._enable_v2_controllers(v2)
+                self.folders = [v2 / name]
+                self.folders[0].mkdir(mode=0o755)
+                (self.folders[0] / "memory.max").write_text(str(self.memory_mb * 2**20))
+                self._write_if_there(self.folders[0] / "memory.swap.max", "0")
+                (self.folders[0] / "pids.max").write_text(str(self.tasks))
+            else:
+                self.version = 1
+                roots = _v1_roots()
+                self.folders = [roots["memory"] / name, roots["pids"] / name]
+                for folder in self.folders:
+                    folder.mkdir(mode=0o755)
+                memory = self.folders[0]
+                (memory / "memory.limit_in_bytes").write_text(str(self.memory_mb * 2**20))
+                self._write_if_there(memory / "memory.memsw.limit_in_bytes", str(self.memory_mb * 2**20))
+                (self.folders[1] / "pids.max").write_text(str(self.tasks))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @staticmethod
+    def _enable_v2_controllers(root: Path) -> None:
+        control = root / "cgroup.subtree_control"
+        enabled = set(control.read_text().split())
+        for controller in ("memory", "pids"):
+            if controller not in enabled:
+                control.write_text(f"+{controller}")
+
+    @staticmethod
+    def _write_if_there(path: Path, value: str) -> None:
+        if path.exists():   # swap accounting may be compiled out or switched off
+            try:
+                path.write_text(value)
+            except OSError:
+                pass
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` started inside the group: a shell writes its process id into the group's
+        ``cgroup.procs`` file(s), then becomes ``argv`` (``exec``), so nothing runs outside it."""
+        joins = " && ".join(f"echo $$ > {shlex.quote(str(folder / 'cgroup.procs'))}" for folder in self.folders)
+        return ["/bin/sh", "-c", f'{joins} && exec "$@"', "distlab-join-cgroup", *argv]
+
+    def pids(self) -> list[int]:
+        """The processes in the group now."""
+        found: set[int] = set()
+        for folder in self.folders:
+            try:
+                found.update(int(line) for line in (folder / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return sorted(found)
+
+    def memory_peak_mb(self) -> float | None:
+        """The most memory the group held at once, where the system records it."""
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        try:
+            return int((self.folders[0] / name).read_text()) / 2**20
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def out_of_memory_kills(self) -> int:
+        """How many of the group's processes the out-of-memory killer ended."""
+        try:
+            if self.version == 2:
+                events = (self.folders[0] / "memory.events").read_text()
+            else:
+                events = (self.folders[0] / "memory.oom_control").read_text()
+        except (OSError, IndexError):
+            return 0
+        for line in events.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def close(self, wait_s: float = 10.0) -> None:
+        """Kill every process still in the group, wait until it is empty, remove it."""
+        if not self.folders:
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = self.pids()
+            if not left:
+                break
+            kill_file = self.folders[0] / "cgroup.kill"
+            if self.version == 2 and kill_file.exists():
+                kill_file.write_text("1")
+            else:
+                for pid in left:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        for folder in self.folders:
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        self.folders = []
+
+
+# -- in the grader ----------------------------------------------------------------------------------
+
+VARIABLE = "DISTLAB_GRADE_CGROUP"
+"""Names the current submission's group folders (``os.pathsep``-separated) to the kernel manager,
+which nbclient creates where :class:`phase` cannot hand it the group directly."""
+
+_said_unavailable = False
+
+
+class SubmissionCaps(Configurable):
+    """The caps on one submission's processes together (``SubmissionCaps.memory_mb=...`` in
+    ``grader/nbgrader_config.py`` or on the command line)."""
+
+    memory_mb = Integer(8192, help="Memory a submission's processes may hold together: its kernel or its "
+                                   "clean room, and all their ranks (MiB)").tag(config=True)
+    tasks = Integer(1024, help="Processes and threads a submission's processes may have together "
+                               "(torch starts a few dozen threads per rank)").tag(config=True)
+
+
+@contextlib.contextmanager
+def phase(preprocessor, resources: dict, what: str):
+    """A :class:`SubmissionGroup` for one phase of grading a notebook (``"kernel"``, ``"clean
+    room"``), with the caps configured for ``preprocessor``; ``None`` where no group can be
+    made (said once in the log). Its folders are in :data:`VARIABLE` meanwhile."""
+    global _said_unavailable
+    caps = SubmissionCaps(parent=preprocessor)
+    why_not = available()
+    if why_not is not None:
+        if not _said_unavailable:
+            preprocessor.log.warning("No cap on a submission's processes together (%s): each process "
+                                     "keeps its own caps", why_not)
+            _said_unavailable = True
+        yield None
+        return
+    info = resources.get("nbgrader", {})
+    label = f"{info.get('student', '')}-{info.get('notebook', '')}-{what.replace(' ', '-')}"
+    with SubmissionGroup(label, caps.memory_mb, caps.tasks) as group:
+        os.environ[VARIABLE] = os.pathsep.join(map(str, group.folders))
+        try:
+            yield group
+        finally:
+            os.environ.pop(VARIABLE, None)
+            peak = group.memory_peak_mb()
+            if peak is not None:
+                preprocessor.log.info("The %s and its ranks held at most %.0f MiB at once (cap: %d MiB)",
+                                      what, peak, caps.memory_mb)
+            if group.out_of_memory_kills():
+                preprocessor.log.warning("The %s of this submission reached its memory cap (%d MiB for all "
+                                         "its processes together): the system ended %d of them", what,
+                                         caps.memory_mb, group.out_of_memory_kills())
+
+
+def wrap_for_current(argv: list[str]) -> list[str]:
+    """``argv`` started inside the group :func:`phase` made (as :meth:`SubmissionGroup.wrap`), or
+    unchanged outside a phase."""
+    folders = os.environ.get(VARIABLE)
+    if not folders:
+        return argv
+    group = SubmissionGroup("current", 0, 0)
+    group.folders = [Path(f) for f in folders.split(os.pathsep)]
+    return group.wrap(argv)

@@ -1,0 +1,113 @@
+"""Caps on a whole submission at once (src/distlab/grade/cgroups.py): one control group for the
+kernel and its ranks, one for the clean room and its ranks.
+
+Per-process caps alone let a submission hold many times a process's cap (every process it
+starts inherits its own), and count processes but not threads. The attacks here stay under
+every per-process cap and are sized to be harmless on this 24 GiB machine if the group failed
+(1 GB on each of four ranks; 3000 small threads); the grader runs with small group caps so
+that they cross them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from grading_support import REPO, SLUG, Course, fresh_dir
+
+from distlab.grade import cgroups
+
+sys.path.insert(0, str(REPO / "grader" / "hostile"))
+import build as hostile  # noqa: E402
+
+CAPS = hostile.specs(os.path.join(hostile.HERE, "caps"))
+MEMORY_MB, TASKS = 2048, 512
+"""The caps the class is graded with: an honest chapter-0 notebook's clean room (four ranks)
+holds about 1.2 GiB at its peak, its kernel less (the grader logs both, "held at most")."""
+
+
+def test_this_machine_can_make_control_groups():
+    # CI and this project's test machine run as root with cgroup v1's memory and pids
+    # controllers: the caps below are tested for real there, never assumed.
+    assert cgroups.available() is None, cgroups.available()
+
+
+def test_a_group_ends_what_holds_too_much_refuses_tasks_past_its_cap_and_leaves_nothing():
+    hold = "b = bytearray(400 * 2**20); b[::4096] = b'x' * len(range(0, len(b), 4096)); print('held')"
+    forks = ("import os, time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n"
+             "            os.close(1)\n            os.close(2)\n            time.sleep(30)\n            os._exit(0)\n"
+             "        n += 1\n"
+             "except OSError as error:\n    print('refused after', n)\n")
+    with cgroups.SubmissionGroup("unit-test", memory_mb=200, tasks=40) as group:
+        folders = list(group.folders)
+        big = subprocess.run(group.wrap([sys.executable, "-c", hold]), capture_output=True, text=True, timeout=60)
+        assert big.returncode == -9 and "held" not in big.stdout
+        assert group.out_of_memory_kills() >= 1
+        small = subprocess.run(group.wrap([sys.executable, "-c", "print('fits')"]), capture_output=True,
+                               text=True, timeout=60)
+        assert small.returncode == 0 and "fits" in small.stdout
+        many = subprocess.run(group.wrap([sys.executable, "-c", forks]), capture_output=True, text=True, timeout=60)
+        assert "refused after" in many.stdout, many.stdout + many.stderr
+        assert len(group.pids()) >= 30, "the forked sleepers (their output closed) are still in the group"
+    assert not any(folder.exists() for folder in folders), "the group outlived its block"
+
+
+def test_groups_left_by_a_killed_grader_are_removed_by_the_next_one_and_no_live_graders():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    roots = cgroups.group_roots()
+    left = [root / f"{cgroups.PREFIX}-{dead.pid}-1-killed-grader" for root in roots]
+    alive = [root / f"{cgroups.PREFIX}-{os.getpid()}-1-this-grader" for root in roots]
+    for folder in left + alive:
+        folder.mkdir()
+    try:
+        with cgroups.SubmissionGroup("next", memory_mb=100, tasks=10):
+            pass
+        assert not any(folder.exists() for folder in left)
+        assert all(folder.exists() for folder in alive)
+    finally:
+        for folder in alive + left:
+            if folder.exists():
+                folder.rmdir()
+        cgroups.remove_groups_of_dead_graders(roots)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_submissions_processes_are_capped_together_and_honest_students_are_not(tmp_path):
+    course = Course(tmp_path / "work")
+    release = course.release()
+    incoming = fresh_dir(tmp_path / "incoming")
+    course.submit(incoming, "aa-control", hostile.build(type("Correct", (), {})(), str(release)))
+    for name, spec in CAPS.items():
+        course.submit(incoming, "h-" + name.replace("_", "-"), hostile.build(spec, str(release)))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    graded = course.grade("autograde", SLUG, f"--SubmissionCaps.memory_mb={MEMORY_MB}",
+                          f"--SubmissionCaps.tasks={TASKS}", "--Execute.timeout=60")
+    assert graded.returncode == 0, course.log[-4000:]
+    log = graded.stdout + graded.stderr
+    assert "reached its memory cap" in log, log[-4000:]
+    scores = course.scores()
+    full = {cell: float(points) for cell, points in hostile.POINTS.items()}
+    assert scores["aa-control"] == full, scores
+    for name, spec in CAPS.items():
+        student = "h-" + name.replace("_", "-")
+        assert scores[student] == hostile.expected_scores(spec), (name, scores[student])
+        printed = outputs(next((course.work / "autograded" / student).rglob("*.ipynb")))
+        for expected in spec.OUTPUT_CONTAINS:
+            assert expected in printed, (name, expected, printed[-2000:])
+        for absent in getattr(spec, "OUTPUT_LACKS", []):
+            assert absent not in printed, (name, absent)
+    assert not [p for p in cgroups.ROOT.glob(f"*/**/{cgroups.PREFIX}-*") if p.is_dir()], "a group was left behind"
+
+
+def outputs(notebook) -> str:
+    """What a graded notebook's cells printed (not their source, which names what they test for)."""
+    text = []
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        for output in cell.get("outputs", []):
+            text.append(output.get("text", "") + output.get("evalue", "") + str(output.get("data", "")))
+    return "\n".join(text)
