@@ -36,7 +36,8 @@ What happens, as it would in a lab session that ends with a hand-in:
    now``) and the students log off (their servers stopped through the API): the cluster is
    sized for the class, so the grading jobs need the cores the servers held.
 7. **The instructor**: ``python -m distlab.grade collect``, ``autograde --slurm``,
-   ``feedback``, ``return``, exactly as the instructor's guide has them.
+   ``feedback``, ``return``, exactly as the instructor's guide has them, as the course's
+   instructor account (never root; hub/instructor_account.py).
 8. **Every student fetches their feedback** (``nbgrader fetch_feedback`` as themselves), which
    must name them and show the score they earned.
 
@@ -103,6 +104,7 @@ for folder in ("tests", "hub", "scripts"):
 import accounts  # noqa: E402
 import demo  # noqa: E402
 import grading_support  # noqa: E402
+import instructor_account  # noqa: E402
 import postgres_server  # noqa: E402
 from course_spawner import DEFAULT_RUNTIME, PROFILES  # noqa: E402
 from process_support import GUARDIAN, run_in_own_group  # noqa: E402
@@ -512,16 +514,17 @@ def fetch_feedback(hub: dict, student: Student, timeout: float) -> None:
 # -- the instructor --------------------------------------------------------------------------------
 
 def instructor_env(hub: dict, db_url: str) -> dict:
-    """What ``python -m distlab.grade`` needs on the hub machine: the course's work folder and
-    exchange (course_hub's ``grade_env``), the shared gradebook, the private cluster."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DISTLAB_SLURM_"))}
-    return dict(env, **hub["grade_env"], DISTLAB_GRADE_DB_URL=db_url, SLURM_CONF=hub["slurm_conf"])
+    """What ``python -m distlab.grade`` needs besides the instructor account's own environment
+    (course_hub's ``instructor``: work folder, exchange, private cluster): the shared gradebook."""
+    return {"DISTLAB_GRADE_DB_URL": db_url}
 
 
-def instructor(env: dict, log: list[str], *args: str, timeout: float = 3600) -> float:
-    """``python -m distlab.grade ARGS`` as root in the repository; its seconds. Fails loudly."""
+def instructor(hub: dict, env: dict, log: list[str], *args: str, timeout: float = 3600) -> float:
+    """``python -m distlab.grade ARGS`` as the course's instructor account (never root), from
+    their own copy of the course (hub/instructor_account.py); its seconds. Fails loudly."""
     start = time.monotonic()
-    done = run_in_own_group([sys.executable, "-m", "distlab.grade", *args], timeout, cwd=REPO, env=env)
+    teacher = hub["instructor"]
+    done = run_in_own_group(instructor_account.command(teacher, *args, env=env), timeout, cwd=teacher["course"])
     seconds = time.monotonic() - start
     log.append(f"$ grade {' '.join(args)}  ({seconds:.1f} s, exit {done.returncode})\n{done.stdout}{done.stderr}")
     if done.returncode != 0:
@@ -537,7 +540,7 @@ def now_utc() -> str:
 def collected(hub: dict, students: list[Student]) -> tuple[int, list[str]]:
     """How many submissions the instructor collected, and those filed under a name that did not
     write them (their marker names someone else) or that hold no marker at all."""
-    work = Path(hub["grade_env"]["DISTLAB_GRADE_WORK"])
+    work = Path(hub["grading"])
     found = sorted((work / "submitted").glob(f"*/{SLUG}/{SLUG}.ipynb"))
     wrong = [p.parts[-3] for p in found if authors(p.read_text()) != [p.parts[-3]]]
     return len(found), wrong
@@ -655,7 +658,7 @@ def class_at_a_deadline(hub: dict, db_url: str, options, meter: Meter, log: list
     names = sorted((u for u in hub["passwords"] if "student" in u), key=lambda u: int(re.sub(r"\D", "", u)))
     students = [Student(n, hub["passwords"][n], correct=i % 2 == 0) for i, n in enumerate(names)]
     started = time.monotonic()
-    phases["publish"] = instructor(env, log, "publish", SLUG, "--due", demo.example_due_date())
+    phases["publish"] = instructor(hub, env, log, "publish", SLUG, "--due", demo.example_due_date())
 
     meter.phase = "class"
     cpu_before = meter.hub_cpu_s()
@@ -678,15 +681,15 @@ def class_at_a_deadline(hub: dict, db_url: str, options, meter: Meter, log: list
     if unended:
         raise RuntimeError(f"the hand-ins of {unended} did not end: the deadline cannot pass under them")
     time.sleep(1.1)   # a due date has whole seconds: the last submission must fall before it
-    phases["deadline"] = instructor(env, log, "due", SLUG, now_utc())
+    phases["deadline"] = instructor(hub, env, log, "due", SLUG, now_utc())
     phases["servers stopped"] = at_once("log off", lambda s: log_off(url, s, options.timeout), students)
 
     meter.phase = "grading"
-    phases["collect"] = instructor(env, log, "collect", SLUG)
-    phases["autograde --slurm"] = instructor(env, log, "autograde", SLUG, "--slurm", *GRADING_JOB,
+    phases["collect"] = instructor(hub, env, log, "collect", SLUG)
+    phases["autograde --slurm"] = instructor(hub, env, log, "autograde", SLUG, "--slurm", *GRADING_JOB,
                                              "--max-parallel", str(options.grading_jobs))
-    phases["feedback"] = instructor(env, log, "feedback", SLUG)
-    phases["return"] = instructor(env, log, "return", SLUG)
+    phases["feedback"] = instructor(hub, env, log, "feedback", SLUG)
+    phases["return"] = instructor(hub, env, log, "return", SLUG)
     meter.phase = "feedback"
     phases["fetch feedback"] = at_once("feedback", lambda s: fetch_feedback(hub, s, options.nbgrader_timeout),
                                        students)

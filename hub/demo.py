@@ -325,8 +325,7 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                    "cluster": cluster, "log": log, "mirror": mirror, "hub_pid": hub.pid, "exchange": exchange,
                    "server_python": python, "grading": grading,
                    # who runs `python -m distlab.grade`, from where: instructor_account.command(hub["instructor"], ...)
-                   "instructor": instructor,
-                   "grade_env": {"DISTLAB_GRADE_WORK": str(grading), "DISTLAB_GRADE_EXCHANGE": str(exchange)}}
+                   "instructor": instructor}
         finally:
             _end(hub, grace=30)   # JupyterHub gives its services up to 20 s to stop
             end_proxy(state / "proxy.pid", proxy_api_port)
