@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from distlab.runtime.launchers import forked
 from distlab.runtime.launchers.shared import SHARED_POOLS
 
 # Every run directory (and so every torchrun/worker command line) of this test session lives
@@ -45,8 +46,7 @@ def our_rank_processes() -> list[psutil.Process]:
             cmd = " ".join(proc.info["cmdline"] or [])
             if proc.info["status"] == psutil.STATUS_ZOMBIE or str(SESSION_TMP) not in cmd:
                 continue
-            if any(name in cmd for name in ("distlab.runtime.worker", "torch.distributed.run",
-                                            "distlab.runtime.launchers.forked")):
+            if any(name in cmd for name in ("distlab.runtime.worker", "torch.distributed.run", forked.__name__)):
                 found.append(proc)
         except psutil.Error:
             continue
@@ -92,6 +92,39 @@ def no_rank_process_left_at_the_end():
     yield
     leftovers = wait_until_gone([p.pid for p in our_rank_processes()], 10.0)
     assert not leftovers, f"processes left behind by the test session: {leftovers}"
+
+
+RANKS_AS_A_TOOL = {
+    "test_checks.py", "test_collectives.py", "test_comm.py", "test_data.py", "test_ddp.py", "test_dtensor_tp.py",
+    "test_experts.py", "test_mesh.py", "test_models.py", "test_pipeline.py", "test_tensor_parallel.py",
+    "test_trace.py", "test_zero.py", "test_chapter01.py", "test_chapter02.py", "test_chapter03.py",
+    "test_chapter04.py", "test_chapter05.py", "test_chapter06.py", "test_chapter07.py"}
+"""Files whose subject is what runs on the ranks (the chapters' reference code, the checks, the
+exercises' test helpers), not how ranks start. Their ranks start with the fork launcher
+(``DISTLAB_LAUNCHER=fork``: one torch import per launch instead of one per rank plus torchrun's),
+which tests/test_forked_launcher.py holds to torchrun's behaviour side by side. Measured, the
+thirteen files above that are not a chapter's, in one pytest process: 688 s of CPU with
+torchrun, 426 s forked (0.62); tests/test_checks.py alone 136 s and 73 s. Every other file keeps the
+default a student gets (torchrun): the runtime's, the notebook's, the book's, Slurm's. Grading
+is untouched either way: the clean room always forks, and the sandbox does not pass the
+variable to a student's kernel."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def launcher_for_this_file(request):
+    """``DISTLAB_LAUNCHER=fork`` while a file of :data:`RANKS_AS_A_TOOL` runs (set before its ``pools``)."""
+    if request.path.name not in RANKS_AS_A_TOOL:
+        yield
+        return
+    saved = os.environ.get("DISTLAB_LAUNCHER")
+    os.environ["DISTLAB_LAUNCHER"] = "fork"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("DISTLAB_LAUNCHER", None)
+        else:
+            os.environ["DISTLAB_LAUNCHER"] = saved
 
 
 @pytest.fixture(scope="module")

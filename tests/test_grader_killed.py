@@ -12,6 +12,8 @@ import psutil
 import pytest
 from grading_support import REPO, SLUG, Course, fresh_dir
 
+from distlab.runtime.launchers import forked
+
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
 
@@ -49,7 +51,7 @@ def _ranks(procs) -> list[psutil.Process]:
     return found
 
 
-FORK_AGENT = "distlab.runtime.launchers.forked"
+FORK_AGENT = forked.__name__   # the fork launcher's agent: python -m distlab.runtime.launchers.forked
 
 
 @pytest.mark.slow
