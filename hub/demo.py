@@ -79,13 +79,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def runnable_by_everyone(path: Path) -> bool:
-    """Can any user execute ``path`` (every folder above it searchable, the file executable)?"""
-    path = Path(os.path.realpath(path))
-    folders_ok = all(os.stat(p).st_mode & stat.S_IXOTH for p in path.parents)
-    return folders_ok and bool(os.stat(path).st_mode & stat.S_IXOTH)
-
-
 def readable_by_everyone(folder: Path) -> bool:
     """Can any user list and read ``folder`` (and search every folder above it)?"""
     folder = Path(os.path.realpath(folder))
@@ -113,11 +106,11 @@ def server_python(course_env: Path, run_dir: Path) -> Path:
     it imports the course environment's packages (one .pth file), so nothing is installed twice.
     """
     own = course_env / "bin" / "python"
-    if runnable_by_everyone(own):
+    if instructor_account.runnable_by_everyone(own):
         return own
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     system = Path("/usr/bin") / version
-    if not system.exists() or not runnable_by_everyone(system):
+    if not system.exists() or not instructor_account.runnable_by_everyone(system):
         raise HubError(f"{own} cannot be run by other users (its base Python is private) and there is "
                        f"no {system} to stand in: install Debian's {version} or build the course "
                        "environment from a Python every user can run")

@@ -32,7 +32,8 @@ RUNUSER = "/usr/sbin/runuser"
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def _runnable_by_everyone(path: Path) -> bool:
+def runnable_by_everyone(path: Path) -> bool:
+    """Can any user execute ``path`` (every folder above it searchable, the file executable)?"""
     path = Path(os.path.realpath(path))
     return all(os.stat(p).st_mode & stat.S_IXOTH for p in path.parents) and bool(os.stat(path).st_mode & stat.S_IXOTH)
 
@@ -61,7 +62,7 @@ def runnable_python(course_env: Path, run_dir: Path) -> tuple[Path, dict]:
     environment's packages (one .pth file), so nothing is installed twice.
     """
     own = course_env / "bin" / "python"
-    if _runnable_by_everyone(own):
+    if runnable_by_everyone(own):
         return own, {}
     base, copy = Path(os.path.realpath(sys.base_prefix)), run_dir / "python-base"
     wanted = [base / "bin" / VERSION, *(base / "lib").glob("libpython*")]
