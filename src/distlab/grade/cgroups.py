@@ -96,6 +96,14 @@ def remove_groups_of_dead_graders(roots: list[Path]) -> None:
                 pass
 
 
+def joined(folders: list[Path], argv: list[str]) -> list[str]:
+    """``argv`` started inside the group whose folders are ``folders``: a shell writes its
+    process id into each ``cgroup.procs`` file, then becomes ``argv`` (``exec``), so nothing
+    runs outside the group."""
+    joins = " && ".join(f"echo $$ > {shlex.quote(str(folder / 'cgroup.procs'))}" for folder in folders)
+    return ["/bin/sh", "-c", f'{joins} && exec "$@"', "distlab-join-cgroup", *argv]
+
+
 class SubmissionGroup:
     """A control group capping one submission's processes together (see the module)::
 
@@ -157,10 +165,8 @@ class SubmissionGroup:
                 pass
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` started inside the group: a shell writes its process id into the group's
-        ``cgroup.procs`` file(s), then becomes ``argv`` (``exec``), so nothing runs outside it."""
-        joins = " && ".join(f"echo $$ > {shlex.quote(str(folder / 'cgroup.procs'))}" for folder in self.folders)
-        return ["/bin/sh", "-c", f'{joins} && exec "$@"', "distlab-join-cgroup", *argv]
+        """``argv`` started inside the group (see :func:`joined`)."""
+        return joined(self.folders, argv)
 
     def pids(self) -> list[int]:
         """The processes in the group now."""
@@ -270,18 +276,15 @@ def phase(preprocessor, resources: dict, what: str):
             if peak is not None:
                 preprocessor.log.info("The %s and its ranks held at most %.0f MiB at once (cap: %d MiB)",
                                       what, peak, caps.memory_mb)
-            if group.out_of_memory_kills():
+            kills = group.out_of_memory_kills()
+            if kills:
                 preprocessor.log.warning("The %s of this submission reached its memory cap (%d MiB for all "
                                          "its processes together): the system ended %d of them", what,
-                                         caps.memory_mb, group.out_of_memory_kills())
+                                         caps.memory_mb, kills)
 
 
 def wrap_for_current(argv: list[str]) -> list[str]:
     """``argv`` started inside the group :func:`phase` made (as :meth:`SubmissionGroup.wrap`), or
     unchanged outside a phase."""
     folders = os.environ.get(VARIABLE)
-    if not folders:
-        return argv
-    group = SubmissionGroup("current", 0, 0)
-    group.folders = [Path(f) for f in folders.split(os.pathsep)]
-    return group.wrap(argv)
+    return joined([Path(f) for f in folders.split(os.pathsep)], argv) if folders else argv
