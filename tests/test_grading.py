@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -72,6 +73,44 @@ def test_notebooks_folder_is_a_fresh_release_of_solutions(released, slug):
     committed = json.loads(release_text(slug))
     assert committed == fresh, (f"notebooks/{slug} differs from a fresh release of solutions/{slug}: "
                                 "run `make grade-release` and commit the result (never edit notebooks/ by hand)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_release_replaces_each_file_in_place_so_a_reader_never_finds_it_missing(tmp_path):
+    """``make grade-release`` rewrites ``notebooks/`` while a book build or a test may be reading
+    it (the instructor's guide's first step is that command). nbgrader's ``--force`` deletes the
+    folder first; a CI run once found a chapter's notebook missing that way. Released over an
+    older release, with a stale file in it: the notebook is there at every look, the stale file
+    goes, and what is left is exactly a fresh release."""
+    course = Course(tmp_path / "work")
+    target = tmp_path / "release"
+    notebook = target / SLUG / f"{SLUG}.ipynb"
+    notebook.parent.mkdir(parents=True)
+    notebook.write_text('{"cells": [], "note": "an older release"}')
+    (notebook.parent / "stale.txt").write_text("a file the new release does not have")
+    looks, missing, stop = [0], [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            looks[0] += 1
+            if not notebook.is_file():
+                missing.append(time.monotonic())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        done = course.grade("release", SLUG, "--to", str(target))
+    finally:
+        stop.set()
+        watcher.join()
+    assert done.returncode == 0, course.log
+    assert looks[0] > 100 and not missing, f"the notebook was missing at {len(missing)} of {looks[0]} looks"
+    assert sorted(p.name for p in target.iterdir()) == [SLUG], "the staging folder was left behind"
+    assert sorted(p.name for p in notebook.parent.iterdir()) == sorted(
+        p.name for p in (REPO / "notebooks" / SLUG).iterdir()), "the stale file stayed, or a file is missing"
+    assert json.loads(notebook.read_text()) == json.loads(release_text(SLUG))
 
 
 @pytest.mark.parametrize("slug", slugs())

@@ -41,6 +41,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 
 from distlab.grade import bubblewrap, cluster, config, grades_csv
@@ -71,16 +72,46 @@ def slugs_in(folder: str) -> list[str]:
 
 
 def release(slugs: list[str], to: str | None = None) -> int:
-    """``nbgrader generate_assignment`` for each slug (all of ``solutions/`` by default)."""
+    """``nbgrader generate_assignment`` for each slug (all of ``solutions/`` by default), into
+    ``notebooks/`` or ``to``.
+
+    nbgrader's ``--force`` deletes the assignment's folder and writes it again, so for a few
+    seconds ``notebooks/<slug>/`` does not exist: a book build, a student's clone or a test
+    reading it then finds nothing. So nbgrader writes into a folder beside the target, and each
+    file is then moved into place with one ``os.replace`` (a reader sees the old file or the new
+    one, never none); files the new release no longer has are removed last.
+    """
     slugs = slugs or slugs_in("solutions")
-    target = os.path.abspath(to) if to else None
+    target = os.path.abspath(to or os.path.join(config.repo_root(), "notebooks"))
+    os.makedirs(target, exist_ok=True)
     failed, start = 0, time.monotonic()
     for i, slug in enumerate(slugs, 1):
-        say(f"release {i}/{len(slugs)}: solutions/{slug} -> {target or 'notebooks'}/{slug}")
-        extra = [f"--CourseDirectory.release_directory={target}"] if target else []
-        failed += nbgrader("generate_assignment", slug, "--force", *extra) != 0
+        say(f"release {i}/{len(slugs)}: solutions/{slug} -> {target if to else 'notebooks'}/{slug}")
+        staged = tempfile.mkdtemp(prefix=f".{slug}-", dir=target)
+        try:
+            if nbgrader("generate_assignment", slug, "--force", f"--CourseDirectory.release_directory={staged}"):
+                failed += 1
+                continue
+            replace_folder(os.path.join(staged, slug), os.path.join(target, slug))
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
     say(f"release: {len(slugs) - failed} of {len(slugs)} released in {time.monotonic() - start:.1f} s")
     return int(failed > 0)
+
+
+def replace_folder(new: str, old: str) -> None:
+    """Make folder ``old`` hold what ``new`` holds, file by file with ``os.replace``."""
+    kept = set()
+    for folder, _, files in os.walk(new):
+        relative = os.path.relpath(folder, new)
+        os.makedirs(os.path.join(old, relative), exist_ok=True)
+        for name in files:
+            os.replace(os.path.join(folder, name), os.path.join(old, relative, name))
+            kept.add(os.path.normpath(os.path.join(relative, name)))
+    for folder, _, files in os.walk(old):
+        for name in files:
+            if os.path.normpath(os.path.join(os.path.relpath(folder, old), name)) not in kept:
+                os.remove(os.path.join(folder, name))
 
 
 def collect(slug: str, source: str) -> int:
