@@ -56,7 +56,8 @@ test: $(if $(CHAPTER),test-chapter,$(STAMP) system-deps lint $(PROXY))
 
 # The browser and hub tests, N runs in a row, to see whether they pass every time (a test that
 # passes 4 runs in 5 fails CI one time in 5). Each run is a new pytest process: its hub, Slurm
-# cluster, browser and book are started anew. Logs: artifacts/repeat/run-K.log.
+# cluster, browser and book are started anew. Logs: artifacts/repeat/run-K.log. The hubs' courses
+# get a tag (accounts dltr-student1..., tests/hub_support.py), so this may run beside a make test.
 #   make test-repeat FILES="tests/test_hub.py tests/test_exchange.py" N=5
 N ?= 5
 FILES ?= tests/test_hub.py tests/test_exchange.py tests/test_course_sessions.py
@@ -65,7 +66,7 @@ test-repeat: $(STAMP) system-deps $(PROXY)
 	@mkdir -p artifacts/repeat; failed=0; \
 	for run in $$(seq 1 $(N)); do \
 		start=$$(date +%s); log=artifacts/repeat/run-$$run.log; \
-		if $(PY) -m pytest -p no:cacheprovider $(FILES) > $$log 2>&1; then verdict=passed; \
+		if DISTLAB_TEST_COURSE_TAG=r $(PY) -m pytest -p no:cacheprovider $(FILES) > $$log 2>&1; then verdict=passed; \
 		else verdict=FAILED; failed=$$((failed + 1)); fi; \
 		echo "run $$run of $(N): $$verdict in $$(( $$(date +%s) - start )) s: $$(tail -n 1 $$log)"; \
 	done; \

@@ -7,6 +7,7 @@ the module's artifacts, removes the course's accounts and the run folder.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -21,6 +22,17 @@ sys.path.insert(0, str(REPO / "hub"))
 import accounts  # noqa: E402
 import demo  # noqa: E402
 import instructor_account  # noqa: E402, F401 (the hub tests take it from here)
+
+TAG_VARIABLE = "DISTLAB_TEST_COURSE_TAG"
+
+
+def course_name(prefix: str) -> str:
+    """A test's course prefix, with ``$DISTLAB_TEST_COURSE_TAG`` appended: ``make test-repeat``
+    sets it, so that its hubs (accounts ``dltr-student1``...) run beside a ``make test``'s
+    (``dlt-student1``...) without sharing an account."""
+    tag = os.environ.get(TAG_VARIABLE, "")
+    assert re.fullmatch(r"[a-z0-9]{0,4}", tag), f"{TAG_VARIABLE}={tag!r}: up to 4 lower-case letters or digits"
+    return prefix + tag
 
 
 def course_hub_for_a_module(course: str, students: int, queue_timeout: int, artifacts: Path, **options):

@@ -40,7 +40,7 @@ import build as hostile  # noqa: E402
 
 from distlab.grade import feedback as feedback_pages  # noqa: E402
 
-COURSE = "dle"
+COURSE = hub_support.course_name("dle")
 FORMULA = r"$\sum_{r=0}^{N-1} g_r / N$"   # typed by the browser student into a Markdown cell
 SLUG = grading.SLUG
 ARTIFACTS = REPO / "artifacts" / "exchange"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import hub_support
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a hang guard: about
 
 
 def test_a_class_hands_in_at_the_deadline_and_everyone_gets_their_own_grade():
-    figures = hub_class.main(["--students", str(STUDENTS), "--artifacts", str(REPO / "artifacts" / "hub-class")])
+    figures = hub_class.main(["--students", str(STUDENTS), "--course", hub_support.course_name(hub_class.COURSE),
+                              "--artifacts", str(REPO / "artifacts" / "hub-class")])
     detail = {k: figures[k] for k in ("failures", "errors", "refused", "phases_s")}
     assert figures["served"] == STUDENTS, detail                       # none refused: the cluster fits them
     assert figures["cells_ok"] == STUDENTS, detail                     # ranks ran as steps of each server's job
