@@ -41,10 +41,10 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 
 from distlab.grade import bubblewrap, cluster, config, grades_csv
+from distlab.grade.release import release
 from distlab.grade.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
 
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
@@ -64,54 +64,6 @@ def ungraded(lines: list[str]) -> dict[str, str]:
             found[failed.group(1)] = reason
             reason = "see the log above"
     return found
-
-
-def slugs_in(folder: str) -> list[str]:
-    root = os.path.join(config.repo_root(), folder)
-    return sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, f"{d}.ipynb")))
-
-
-def release(slugs: list[str], to: str | None = None) -> int:
-    """``nbgrader generate_assignment`` for each slug (all of ``solutions/`` by default), into
-    ``notebooks/`` or ``to``.
-
-    nbgrader's ``--force`` deletes the assignment's folder and writes it again, so for a few
-    seconds ``notebooks/<slug>/`` does not exist: a book build, a student's clone or a test
-    reading it then finds nothing. So nbgrader writes into a folder beside the target, and each
-    file is then moved into place with one ``os.replace`` (a reader sees the old file or the new
-    one, never none); files the new release no longer has are removed last.
-    """
-    slugs = slugs or slugs_in("solutions")
-    target = os.path.abspath(to or os.path.join(config.repo_root(), "notebooks"))
-    os.makedirs(target, exist_ok=True)
-    failed, start = 0, time.monotonic()
-    for i, slug in enumerate(slugs, 1):
-        say(f"release {i}/{len(slugs)}: solutions/{slug} -> {target if to else 'notebooks'}/{slug}")
-        staged = tempfile.mkdtemp(prefix=f".{slug}-", dir=target)
-        try:
-            if nbgrader("generate_assignment", slug, "--force", f"--CourseDirectory.release_directory={staged}"):
-                failed += 1
-                continue
-            replace_folder(os.path.join(staged, slug), os.path.join(target, slug))
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
-    say(f"release: {len(slugs) - failed} of {len(slugs)} released in {time.monotonic() - start:.1f} s")
-    return int(failed > 0)
-
-
-def replace_folder(new: str, old: str) -> None:
-    """Make folder ``old`` hold what ``new`` holds, file by file with ``os.replace``."""
-    kept = set()
-    for folder, _, files in os.walk(new):
-        relative = os.path.relpath(folder, new)
-        os.makedirs(os.path.join(old, relative), exist_ok=True)
-        for name in files:
-            os.replace(os.path.join(folder, name), os.path.join(old, relative, name))
-            kept.add(os.path.normpath(os.path.join(relative, name)))
-    for folder, _, files in os.walk(old):
-        for name in files:
-            if os.path.normpath(os.path.join(os.path.relpath(folder, old), name)) not in kept:
-                os.remove(os.path.join(folder, name))
 
 
 def collect(slug: str, source: str) -> int:
