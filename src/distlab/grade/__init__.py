@@ -3,9 +3,9 @@
 The pieces, in the order a submission meets them:
 
 * :mod:`distlab.grade.__main__` (``python -m distlab.grade``): the instructor's commands:
-  release, collect, autograde, feedback, export. Each is a thin, printed wrapper around
-  the nbgrader command of the same job, run with ``grader/nbgrader_config.py`` by
-  :mod:`distlab.grade.run_nbgrader`.
+  release (:mod:`distlab.grade.release`), collect, autograde, feedback, export. Each is a
+  thin, printed wrapper around the nbgrader command of the same job, run with
+  ``grader/nbgrader_config.py`` by :mod:`distlab.grade.run_nbgrader`.
 * :mod:`distlab.grade.nbplugins`: the nbgrader plugins that config installs. The student's
   cells run in a kernel started by :mod:`distlab.grade.kernel` (resource caps, a guard on
   files and processes); the *test* cells are skipped there and run instead by
@@ -17,7 +17,8 @@ The pieces, in the order a submission meets them:
   but tensors, numbers, strings and containers).
 * :mod:`distlab.grade.bubblewrap`: the kernel and the clean room (with its ranks) start
   inside an operating-system sandbox: a private file system view, network, process table
-  and an unprivileged user, so what gets past the Python guard still reaches nothing.
+  and an unprivileged user, so what gets past the Python guard still reaches nothing. On
+  its private loopback, :mod:`distlab.grade.wire` counts the bytes the ranks send, outside them.
 
 What the rank-side pieces are, which tests and the clean room both use:
 

@@ -71,12 +71,22 @@ def generator(offset: int = 0):
 
 # -- running the student's function on N ranks --------------------------------------------------
 
+class RankLogs(list):
+    """Per rank, the distributed calls it recorded (``{"op", "sent", "received", "group_size"}``
+    each), and in ``.wire`` what the operating system counted on the wire for the whole run
+    (:class:`distlab.grade.wire.Measured`; its ``sent`` is None where that is not metered)."""
+
+    def __init__(self, logs=(), wire=None):
+        super().__init__(logs)
+        self.wire = wire
+
+
 @dataclass
 class RankRun:
     """What :func:`run_ranks` returns: per-rank results and per-rank communication logs."""
 
     results: list
-    comm: list = field(default_factory=list)  # per rank: list of {"op", "sent", "received", "group_size"}
+    comm: list = field(default_factory=RankLogs)
 
 
 def _call_on_rank(call: bytes, per_rank_args, forbidden):
@@ -107,13 +117,15 @@ def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout
     ``args``. ``forbidden`` names APIs that raise "not allowed in this exercise" while ``fn``
     runs (see :func:`distlab.grade.forbid.forbid`).
     """
+    from distlab.grade import wire
     from distlab.runtime import run, serialize
 
     if per_rank_args is not None and len(per_rank_args) != nprocs:
         raise ValueError(f"per_rank_args has {len(per_rank_args)} entries for {nprocs} ranks")
     call = serialize.dumps_call(fn, tuple(args), dict(kwargs or {}))  # unpickled on the rank after forbid
-    pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout)
-    return RankRun(results=[p[0] for p in pairs], comm=[p[1] for p in pairs])
+    with wire.measure(nprocs) as measured:   # counted outside the ranks, when grading
+        pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout)
+    return RankRun(results=[p[0] for p in pairs], comm=RankLogs([p[1] for p in pairs], wire=measured))
 
 
 # -- values and gradients -------------------------------------------------------------------------
@@ -234,7 +246,10 @@ def assert_comm(per_rank_logs: list, calls: dict | None = None, max_calls: int |
         max_calls: at most this many distributed calls per rank, whatever the ops.
         max_bytes_sent: per rank, at most this many bytes sent (a theory value, e.g. from
             :func:`all_reduce_bytes`), times ``1 + margin``. Bytes are counted by rule, not
-            measured, so ``margin=0`` is right unless the theory is approximate.
+            measured, so ``margin=0`` is right unless the theory is approximate. When grading,
+            the logs of :func:`run_ranks` also carry the bytes the operating system saw on
+            the wire, which must fit the same limit (:mod:`distlab.grade.wire`): a rank that
+            sends around the recorder, or edits what it recorded, fails here.
     """
     for rank, log in enumerate(per_rank_logs):
         made = _calls(log)
@@ -253,6 +268,17 @@ def assert_comm(per_rank_logs: list, calls: dict | None = None, max_calls: int |
             if sent > limit:
                 raise CheckFailed(f"rank {rank} sent {sent} bytes ({seen}); the most this needs is "
                                   f"{max_bytes_sent} bytes (margin {margin:.0%})")
+    measured = getattr(per_rank_logs, "wire", None)
+    if max_bytes_sent is not None and measured is not None and measured.sent is not None:
+        recorded = sum(c["sent"] for log in per_rank_logs for c in _calls(log))
+        calls = max((len(_calls(log)) for log in per_rank_logs), default=0)
+        allowed = measured.allowed(max_bytes_sent * (1 + margin), calls)
+        if measured.sent > allowed:
+            raise CheckFailed(
+                f"the ranks put {measured.sent} bytes on the network (counted by the operating system, "
+                f"outside the ranks), more than {allowed}: {measured.nprocs} ranks sending at most "
+                f"{max_bytes_sent} bytes each, with room for headers and hand-shakes. The ranks' own record "
+                f"says {recorded} bytes in all: something was sent around the recorder, or the record was changed")
 
 
 # -- memory -------------------------------------------------------------------------------------

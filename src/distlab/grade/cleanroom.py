@@ -17,6 +17,10 @@ test cells. For every test cell, in order:
    one notebook (:class:`WarmRanks`); a run that hung or broke a collective gets new ones.
 4. The verdict (passed or not) and the cell's output, made safe to show, are recorded.
 
+The bytes each run puts on the wire are counted here too, by the operating system, on the
+sandbox's private loopback (:mod:`distlab.grade.wire`): a test that limits the bytes a rank
+sends checks that count as well as the ranks' own record, which their code can edit.
+
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
 or ``distlab.grade.checks`` there, or silencing tracebacks, changes nothing here. Hidden tests
 draw their inputs from a seed chosen here (:func:`distlab.grade.checks.grading_seed`).
@@ -310,10 +314,12 @@ def grade(job: dict) -> dict:
 def main(argv: list[str]) -> int:
     """``python -m distlab.grade.cleanroom VERDICT_FD``: the job on standard input, the verdict
     written to descriptor ``VERDICT_FD`` (both pipes of the grader, see the module docstring)."""
-    from distlab.grade import limits
+    from distlab.grade import bubblewrap, limits, wire
 
     verdict_fd = int(argv[0])
     limits.make_undumpable()             # before the hidden tests are in memory
+    if bubblewrap.enabled():             # alone on its own loopback: the bytes on it are the ranks'
+        wire.start_metering()
     os.set_inheritable(verdict_fd, False)  # the ranks it starts do not get the verdict's pipe
     limits.become_subreaper()
     job = json.loads(sys.stdin.buffer.read())
