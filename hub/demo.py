@@ -310,6 +310,7 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                                    cwd=state, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
+        instructor = None
         try:
             instructor = instructor_account.set_up(run_dir, instructor_of(course), REPO, grading, course_env,
                                                    exchange, cluster["slurm_conf"])
@@ -323,6 +324,8 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
             _end(hub, grace=30)   # JupyterHub gives its services up to 20 s to stop
             end_proxy(state / "proxy.pid", proxy_api_port)
             end_culler(f"http://127.0.0.1:{hub_api_port}/hub/api")
+            if instructor is not None:
+                instructor_account.tear_down(instructor)
 
 
 def instructor_of(course: str) -> str:

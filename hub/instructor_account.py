@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from distlab.grade import cgroups
+
 RUNUSER = "/usr/sbin/runuser"
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -140,6 +142,8 @@ def set_up(run_dir: Path, user: str, repo: Path, grading: Path, course_env: Path
     os.chmod(grading, 0o700)
     for top in (home, grading):
         _chown_tree(top, account.pw_uid, account.pw_gid)
+    # Control groups of its own, so its grading caps each submission's processes together.
+    groups = cgroups.delegate(user, f"distlab-grading-{user}")
     environment = {
         "HOME": account.pw_dir, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
         "PATH": f"{python.parent}:/usr/bin:/bin", **variables,
@@ -147,8 +151,14 @@ def set_up(run_dir: Path, user: str, repo: Path, grading: Path, course_env: Path
         # nbconvert's templates (feedback pages) are data files of the course environment
         "JUPYTER_PATH": str(course_env / "share" / "jupyter"),
         "DISTLAB_GRADE_WORK": str(grading), "DISTLAB_GRADE_EXCHANGE": str(exchange), "SLURM_CONF": slurm_conf,
+        cgroups.PARENTS_VARIABLE: os.pathsep.join(map(str, groups)),
     }
-    return {"user": user, "course": course, "python": python, "environment": environment}
+    return {"user": user, "course": course, "python": python, "environment": environment, "cgroups": groups}
+
+
+def tear_down(instructor: dict) -> None:
+    """What :func:`set_up` made outside the run folder: the account's control groups."""
+    cgroups.undelegate(instructor["cgroups"])
 
 
 def command(instructor: dict, *args: str, env: dict | None = None) -> list[str]:

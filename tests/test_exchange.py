@@ -223,6 +223,10 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         graded = instructor(course, "autograde", SLUG)
         log = graded.stdout + graded.stderr
         assert re.search(rf"{malformed} NOT GRADED \(scores 0\): .*Notebook does not appear to be JSON", log), log[-3000:]
+        # Not root, yet each submission's processes are capped together: make hub delegated
+        # control groups to the instructor's account (cgroups.delegate). Without them this said
+        # "No cap on a submission's processes together (this account may not create ...)".
+        assert "No cap on a submission's processes together" not in log, log[-3000:]
         assert instructor(course, "feedback", SLUG).returncode == 0
         assert instructor(course, "return", SLUG).returncode == 0
         # Least privilege: every file the grading commands made (gradebook, copies of the

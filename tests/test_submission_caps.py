@@ -10,9 +10,11 @@ that they cross them.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -53,6 +55,61 @@ def test_a_group_ends_what_holds_too_much_refuses_tasks_past_its_cap_and_leaves_
         assert "refused after" in many.stdout, many.stdout + many.stderr
         assert len(group.pids()) >= 30, "the forked sleepers (their output closed) are still in the group"
     assert not any(folder.exists() for folder in folders), "the group outlived its block"
+
+
+DELEGATED_PROBE = r"""
+import json, subprocess, sys
+from distlab.grade import cgroups
+why_not = cgroups.available()
+found = {"why_not": why_not}
+if why_not is None:
+    hold = "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(range(0, len(b), 4096)); print('held')"
+    with cgroups.SubmissionGroup("delegated", memory_mb=100, tasks=64) as group:
+        done = subprocess.run(group.wrap([sys.executable, "-c", hold]), capture_output=True, text=True, timeout=60)
+        found.update(returncode=done.returncode, stdout=done.stdout, kills=group.out_of_memory_kills(),
+                     folders=[str(f) for f in group.folders])
+print("FOUND " + json.dumps(found))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_an_account_root_delegated_groups_to_caps_its_submissions_without_root(tmp_path_factory):
+    """The grading commands run as the instructor's account, not root (hub/instructor_account.py),
+    and only root may make control groups where the system put none for that account: without a
+    delegated group the instructor's grading has per-process caps alone. Root delegates one
+    (cgroups.delegate, as `make hub` does for its instructor), and the same account's grader then
+    caps a submission: a process past the cap is ended."""
+    sys.path.insert(0, str(REPO / "hub"))
+    import instructor_account
+
+    account = "nobody"
+    run_dir = tmp_path_factory.mktemp("delegated")
+    os.chmod(run_dir, 0o755)
+    for parent in run_dir.parents:   # the account must reach the Python made for it below
+        if parent != Path("/") and not os.stat(parent).st_mode & 0o001:
+            os.chmod(parent, os.stat(parent).st_mode | 0o001)
+    python, variables = instructor_account.runnable_python(Path(sys.prefix), run_dir)
+
+    def probe(extra: dict) -> dict:
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", **variables, "PYTHONPATH": str(REPO / "src"), **extra}
+        done = subprocess.run([instructor_account.RUNUSER, "-u", account, "--", "env", "-i",
+                               *[f"{k}={v}" for k, v in env.items()], str(python), "-c", DELEGATED_PROBE],
+                              capture_output=True, text=True, timeout=120, cwd="/tmp")
+        line = [line for line in done.stdout.splitlines() if line.startswith("FOUND ")]
+        assert line, done.stdout[-2000:] + done.stderr[-2000:]
+        return json.loads(line[0][len("FOUND "):])
+
+    assert "may not create control groups" in probe({})["why_not"]
+    folders = cgroups.delegate(account, f"distlab-grading-test-{os.getpid()}")
+    try:
+        assert folders, "this machine offers control groups (test_this_machine_can_make_control_groups)"
+        found = probe({cgroups.PARENTS_VARIABLE: os.pathsep.join(map(str, folders))})
+        assert found["why_not"] is None, found
+        assert found["returncode"] == -9 and "held" not in found["stdout"] and found["kills"] >= 1, found
+        assert all(any(f.startswith(str(d) + "/") for d in folders) for f in found["folders"]), found
+    finally:
+        cgroups.undelegate(folders)
+    assert not any(folder.exists() for folder in folders), "undelegate left a group behind"
 
 
 def test_groups_left_by_a_killed_grader_are_removed_by_the_next_one_and_no_live_graders():

@@ -15,8 +15,10 @@ nodes) is one tree at ``/sys/fs/cgroup`` (``memory.max``, ``pids.max``); cgroup 
 systems, and this project's test machine) has one tree per controller
 (``/sys/fs/cgroup/memory/``, ``/sys/fs/cgroup/pids/``). Creating a group needs the right to
 write there: root has it; another account has it only where the system delegated a part of the
-tree to it. Where no group can be made, grading goes on with the per-process caps alone and
-says so once in its log.
+tree to it. Root delegates with :func:`delegate` (a group of its own, owned by the grading
+account) and tells the grader where it is in ``DISTLAB_GRADE_CGROUP_PARENTS``; the demo hub
+does this for its instructor account. Where no group can be made, grading goes on with the
+per-process caps alone and says so once in its log.
 
 A process enters the group before it runs anything of the student's: the command that starts
 the kernel or the clean room is prefixed with a small shell that writes its own process id into
@@ -40,17 +42,33 @@ ROOT = Path("/sys/fs/cgroup")
 PREFIX = "distlab-grade"
 
 
+PARENTS_VARIABLE = "DISTLAB_GRADE_CGROUP_PARENTS"
+"""Groups delegated to the grading account (``os.pathsep``-separated): one v2 group, or a v1
+memory group and a v1 pids group. New groups go below them."""
+
+
+def _delegated() -> list[Path]:
+    return [Path(p) for p in os.environ.get(PARENTS_VARIABLE, "").split(os.pathsep) if p]
+
+
 def _v2_root() -> Path | None:
-    """The v2 tree, if it is mounted whole at /sys/fs/cgroup with memory and pids available."""
+    """Where v2 groups go, if the v2 tree is mounted whole at /sys/fs/cgroup with memory and
+    pids available: its root, or the group delegated to this account."""
     controllers = ROOT / "cgroup.controllers"
     if controllers.exists() and {"memory", "pids"} <= set(controllers.read_text().split()):
-        return ROOT
+        delegated = _delegated()
+        return delegated[0] if delegated else ROOT
     return None
 
 
 def _v1_roots() -> dict[str, Path] | None:
-    """Where v1 memory and pids groups go, if both controllers are mounted: below the grader's
-    own group of each (so limits set above it, e.g. by a batch job's, still apply)."""
+    """Where v1 memory and pids groups go, if both controllers are mounted: the groups
+    delegated to this account, else below the grader's own group of each (so limits set above
+    it, e.g. by a batch job's, still apply)."""
+    delegated = _delegated()
+    if delegated:
+        by_controller = {("memory" if (d / "memory.limit_in_bytes").exists() else "pids"): d for d in delegated}
+        return by_controller if set(by_controller) == {"memory", "pids"} else None
     own = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
@@ -77,6 +95,40 @@ def available() -> str | None:
     if not all(os.access(folder, os.W_OK) for folder in folders):
         return f"this account may not create control groups in {', '.join(map(str, folders))}"
     return None
+
+
+def delegate(account: str, name: str) -> list[Path]:
+    """As root: a group named ``name`` for ``account`` to create its submissions' groups in
+    (v2: one group, memory and pids enabled below it; v1: one in the memory tree, one in the
+    pids tree); the folders to put in :data:`PARENTS_VARIABLE`. Undo with :func:`undelegate`."""
+    import pwd
+
+    entry = pwd.getpwnam(account)
+    if _v2_root() is not None:
+        SubmissionGroup._enable_v2_controllers(ROOT)
+        folders, owned = [ROOT / name], ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
+    elif all((ROOT / c / "cgroup.procs").exists() for c in ("memory", "pids")):
+        folders, owned = [ROOT / "memory" / name, ROOT / "pids" / name], ("cgroup.procs", "tasks")
+    else:
+        return []
+    for folder in folders:
+        folder.mkdir(mode=0o755, exist_ok=True)
+        for path in (folder, *(folder / f for f in owned if (folder / f).exists())):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    return folders
+
+
+def undelegate(folders: list[Path]) -> None:
+    """Remove delegated groups, with any group a grader left in them (its processes killed)."""
+    for folder in folders:
+        for child in sorted(folder.glob(f"{PREFIX}-*")):
+            with contextlib.suppress(OSError):
+                for pid in (child / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                child.rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def remove_groups_of_dead_graders(roots: list[Path]) -> None:
