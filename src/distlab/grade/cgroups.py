@@ -119,14 +119,14 @@ def delegate(account: str, name: str) -> list[Path]:
 
 
 def undelegate(folders: list[Path]) -> None:
-    """Remove delegated groups, with any group a grader left in them (its processes killed)."""
+    """Remove delegated groups, with any group a grader left in them (closed as its grader
+    would: its processes killed, then removed)."""
+    for name in sorted({child.name for folder in folders for child in folder.glob(f"{PREFIX}-*")}):
+        left = SubmissionGroup(name, memory_mb=0, tasks=0)
+        left.version = 2 if _v2_root() is not None else 1
+        left.folders = [folder / name for folder in folders if (folder / name).is_dir()]
+        left.close()
     for folder in folders:
-        for child in sorted(folder.glob(f"{PREFIX}-*")):
-            with contextlib.suppress(OSError):
-                for pid in (child / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-                child.rmdir()
         with contextlib.suppress(OSError):
             folder.rmdir()
 
