@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,8 +212,13 @@ def test_an_unpicklable_result_is_a_rank_error_that_says_so():
 
 def deadlock(started_file=None):
     if started_file is not None and dist.get_rank() == 0:
+        # When this rank joined: the "since" of the state the worker wrote as the call began,
+        # before it unpickled this function (which imports this test module: up to seconds on a
+        # loaded machine, and counted against the timeout, as the docstring of run says).
+        from distlab.runtime import rundir
+        joined = rundir.read_state(Path(sys.argv[1]), 0)["since"]
         with open(started_file, "w") as f:
-            f.write(str(time.time()))
+            f.write(str(joined))
     t = torch.zeros(4)
     if dist.get_rank() == 0:
         dist.recv(t, src=1)
@@ -227,7 +233,7 @@ def test_timeout_names_what_each_rank_was_doing(tmp_path):
     with pytest.raises(DistTimeout) as info:
         distlab.run(deadlock, str(started_file), nprocs=2, timeout=10)
     # The clock starts when the ranks have joined (startup is not counted against the function).
-    elapsed = time.time() - float(started_file.read_text())
+    elapsed = time.time() - float(started_file.read_text())  # since rank 0 joined
     assert isinstance(info.value, TimeoutError)
     assert 10 <= elapsed < 15, elapsed
     states = info.value.rank_states
