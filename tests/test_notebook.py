@@ -162,26 +162,27 @@ def test_interrupt_and_a_killed_kernel_leave_no_process(tmp_path):
 
 @pytest.mark.slow
 def test_a_notebook_with_a_warm_pool_survives_a_deadlocked_cell():
-    cells = [("import distlab, time\n%load_ext distlab", []), ("%distributed start -n 4", [])]
+    pids = "%%distributed -n 4\nimport os\nos.getpid()"   # which processes serve the cell
+    cells = [("import distlab, time\n%load_ext distlab", []), ("%distributed start -n 4", []), (pids, [])]
     cells += [(f"%%distributed -n 4\nt = torch.ones(1) * {i}\ndist.all_reduce(t)\nt.item()", [])
               for i in range(20)]
-    cells += [("%%distributed -n 4 --timeout 3\nif rank == 0:\n    dist.recv(torch.zeros(1), src=1)\n"
+    cells += [(pids, []),
+              ("%%distributed -n 4 --timeout 3\nif rank == 0:\n    dist.recv(torch.zeros(1), src=1)\n"
                "else:\n    time.sleep(60)", ["raises-exception"]),
               ("%%distributed -n 4\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", []),
               ("%distributed status", []), ("%distributed stop", [])]
-    started = time.monotonic()
     nb = execute(cells)
-    elapsed = time.monotonic() - started
     out = [text_of(c) for c in nb.cells]
     assert "4 ranks ready" in out[1]
     for i in range(20):
-        assert f"[{4.0 * i}, {4.0 * i}, {4.0 * i}, {4.0 * i}]" in out[2 + i]
-    assert out[22].startswith("DistTimeout") and "rank 0: blocked in recv(float32[1], from rank 1" in out[22]
-    assert "starting fresh ranks for this pool (the previous call timed out" in out[23]
-    assert "[4.0, 4.0, 4.0, 4.0]" in out[23]
-    assert "active pools: 4 ranks" in out[24] and "pools stopped" in out[25]
-    # 20 warm cells must cost far less than 20 cold launches (~7 s each for 4 ranks here).
-    assert elapsed < 60, f"the notebook took {elapsed:.0f} s"
+        assert f"[{4.0 * i}, {4.0 * i}, {4.0 * i}, {4.0 * i}]" in out[3 + i]
+    # Warm: the same four processes served all 20 cells (a cold launch per cell would start new
+    # ones, ~7 s each for 4 ranks here; speed itself is benchmarks/launch.py's to measure).
+    assert out[2] == out[23] and out[2].count(",") == 3, (out[2], out[23])
+    assert out[24].startswith("DistTimeout") and "rank 0: blocked in recv(float32[1], from rank 1" in out[24]
+    assert "starting fresh ranks for this pool (the previous call timed out" in out[25]
+    assert "[4.0, 4.0, 4.0, 4.0]" in out[25]
+    assert "active pools: 4 ranks" in out[26] and "pools stopped" in out[27]
 
 
 @pytest.mark.slow
