@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -189,6 +190,36 @@ def test_job_script_has_the_settings_the_offline_caches_and_srun_torchrun(clean_
     path.write_text(text)
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=10)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def test_the_job_scripts_rendezvous_port_is_free_and_outside_the_ports_linux_hands_out():
+    """The port is drawn below Linux's ephemeral range: one the kernel picked (``bind`` to
+    port 0) and let go was once given to another process before torchrun listened on it, and
+    a batch job failed with EADDRINUSE on a busy machine. A port in use is skipped."""
+    def drawn(ports=commands.PORT_RANGE) -> int:
+        lines = script.free_port_lines(sys.executable, ports)
+        shell = "\n".join(lines) + '\necho "$MASTER_PORT"\n'
+        out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60, check=True)
+        return int(out.stdout)
+
+    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    for _ in range(5):
+        port = drawn()
+        assert commands.PORT_RANGE[0] <= port < commands.PORT_RANGE[1] and not low <= port <= high, port
+    for busy in range(*commands.PORT_RANGE):   # two neighbours free now: hold the first
+        held, neighbour = socket.socket(), socket.socket()
+        try:
+            held.bind(("", busy))
+            neighbour.bind(("", busy + 1))
+        except OSError:
+            held.close()
+            continue
+        finally:
+            neighbour.close()
+        break
+    with held:
+        held.listen()
+        assert {drawn((busy, busy + 2)) for _ in range(5)} == {busy + 1}
 
 
 def test_the_checked_in_template_is_what_the_installed_command_writes(clean_env):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 
+from distlab.runtime.launchers.slurm.commands import PORT_RANGE
 from distlab.runtime.launchers.slurm.config import SlurmConfig
 
 OFFLINE_VARIABLES = {
@@ -62,6 +63,33 @@ def environment_lines(config: SlurmConfig, exports: dict[str, str] | None = None
     return lines
 
 
+def free_port_lines(python: str, ports: tuple[int, int] = PORT_RANGE) -> list[str]:
+    """Shell lines that set ``MASTER_PORT`` to a port free on this node, for the rendezvous.
+
+    The port comes from :data:`~distlab.runtime.launchers.slurm.commands.PORT_RANGE`, below the
+    ports Linux hands out by itself (32768 and up, to every outgoing connection and to every
+    ``bind`` to port 0). A port asked of the kernel with ``bind(("", 0))`` and let go again is
+    one of those: on a busy node another process was once given it in the seconds before
+    torchrun listened on it, and the job failed with EADDRINUSE.
+    """
+    low, high = ports
+    return [
+        f"# A port free on the first node (this script runs there), from {low}-{high - 1}: below the",
+        "# ports Linux gives out by itself (32768 and up), so nothing takes it before torchrun listens.",
+        f"MASTER_PORT=\"$({shlex.quote(python)} - <<'EOF'",
+        "import random, socket",
+        f"for port in random.SystemRandom().sample(range({low}, {high}), {min(100, high - low)}):",
+        "    try:",
+        '        socket.socket().bind(("", port))',
+        "    except OSError:",
+        "        continue  # in use: draw another",
+        "    print(port)",
+        "    break",
+        "EOF",
+        ')"',
+    ]
+
+
 def job_script(config: SlurmConfig, *, nodes: int, nproc_per_node: int,
                target: list[str], job_name: str, time_limit: str, output: str,
                exports: dict[str, str] | None = None, torchrun_extra: list[str] = ()) -> str:
@@ -83,7 +111,6 @@ def job_script(config: SlurmConfig, *, nodes: int, nproc_per_node: int,
         sbatch.append(f"--partition={config.partition}")
     sbatch += list(config.sbatch_options)
     python = config.python_on_nodes
-    probe = "import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])"
     torchrun = torchrun_on_each_node(python, "$SLURM_NNODES", nproc_per_node,
                                      "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID", target,
                                      ["--max-restarts=0", *torchrun_extra])
@@ -95,8 +122,7 @@ def job_script(config: SlurmConfig, *, nodes: int, nproc_per_node: int,
         "# 2. Where the ranks meet: the first node of the allocation"
         + (f", reached through the fast network (suffix {config.hostname_suffix!r})." if config.hostname_suffix else "."),
         f'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1){config.hostname_suffix}"',
-        "# A port that is free on the first node (this script runs there).",
-        f"MASTER_PORT=\"$({shlex.quote(python)} -c '{probe}')\"",
+        *free_port_lines(python),
         "export MASTER_ADDR MASTER_PORT",
     ]
     if config.cpus_per_task:
