@@ -50,6 +50,7 @@ import accounts  # noqa: E402
 import instructor_account  # noqa: E402
 import slurm_cluster  # noqa: E402
 from course_spawner import PROFILES, cores  # noqa: E402
+from free_port import free_port  # noqa: E402
 
 COURSE = "dlc"
 START_TIMEOUT = 180  # seconds for the hub to answer (a loaded machine, load average 15, took over 60)
@@ -71,12 +72,6 @@ def cpus_per_node_for(students: int) -> int | None:
     needed = students * cores(next(iter(PROFILES.values())))
     per_node = -(-needed // len(slurm_cluster.NODES))
     return per_node if per_node > (os.cpu_count() or 1) else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def readable_by_everyone(folder: Path) -> bool:

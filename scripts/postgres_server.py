@@ -29,12 +29,13 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from free_port import free_port
 
 ROLE, DATABASE = "distlab", "gradebook"
 
@@ -50,12 +51,6 @@ def find_binaries() -> Path:
         raise PostgresError("PostgreSQL is not installed: run `bash scripts/install-system-deps.sh` "
                             "(Debian's package `postgresql`)")
     return Path(found[-1]).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 import psutil
+from free_port import free_port
 
 NODES = ["distlab-n1", "distlab-n2"]
 HOST_ALIASES = NODES + [n + "i" for n in NODES]  # "i": the interconnect-suffix names, as at JSC
@@ -69,12 +70,6 @@ class ClusterError(RuntimeError):
 
 
 # -- configuration ----------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 SPLIT_CORES_VARIABLE = "DISTLAB_CLUSTER_SPLIT_CORES"
 """Set to 1, each node gets its own half of this machine's cores, as real nodes have their own:
