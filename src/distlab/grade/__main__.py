@@ -43,7 +43,7 @@ import shutil
 import sys
 import time
 
-from distlab.grade import bubblewrap, cluster, config, grades_csv
+from distlab.grade import bubblewrap, cluster, config, grades_csv, nbgrader_app
 from distlab.grade.release import release
 from distlab.grade.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
 
@@ -227,6 +227,7 @@ def export(to: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    nbgrader_app.skip_the_iri_grammar()   # this process reads the gradebook with nbgrader's API too
     parser = argparse.ArgumentParser(prog="python -m distlab.grade", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("release", help="generate notebooks/ from solutions/")

@@ -38,7 +38,7 @@ def nbgrader(*args: str) -> int:
     repo = config.repo_root()
     config.private_work_dir()
     args = (*args, *EXTRA)
-    command = [sys.executable, "-m", "nbgrader", *args]
+    command = [sys.executable, "-m", "distlab.grade.nbgrader_app", *args]   # nbgrader, 1.5 s sooner
     say("$ nbgrader " + " ".join(args))
     env = config.nbgrader_environment(dict(os.environ))
     # nbgrader runs the `alembic` command by name: the .venv's bin must come first on PATH.

@@ -1,0 +1,38 @@
+"""``python -m distlab.grade.nbgrader_app ARGS``: nbgrader's own command line (``nbgrader ARGS``),
+without the second and a half every nbgrader process spent building a grammar it never uses.
+
+Every instructor command runs nbgrader in a process of its own, and a class costs several per
+student (collect, autograde, feedback, export; the tests start about 230). Each one imported
+nbformat, nbformat imports jsonschema, and jsonschema, because ``rfc3987_syntax`` is installed
+(jupyter_events asks for jsonschema's format extras), imports that module to check the ``iri``
+and ``iri-reference`` formats. Importing it builds an Earley parser of RFC 3987 with lark:
+1.5 s of CPU of the 2.8 s that ``nbgrader --version`` took here (``python -X importtime``).
+
+No schema nbgrader reads has an IRI field: the notebook format, nbgrader's cell metadata and
+the gradebook are checked as before, and every other format keeps its checker. Without the
+module jsonschema registers no checker for those two formats, so they would go unchecked
+(a format without a checker is an annotation). The student's server makes the same cut
+(hub/jupyter/course_singleuser.py); kernels never import jsonschema and are not touched.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def skip_the_iri_grammar() -> None:
+    """Make ``import rfc3987_syntax`` raise ImportError in this process, as if it were not
+    installed. Call before anything imports jsonschema; a no-op if something already did."""
+    sys.modules.setdefault("rfc3987_syntax", None)
+
+
+def main() -> None:
+    skip_the_iri_grammar()
+    from nbgrader.apps.nbgraderapp import main as nbgrader_main
+
+    sys.argv[0] = "nbgrader"
+    nbgrader_main()
+
+
+if __name__ == "__main__":
+    main()
