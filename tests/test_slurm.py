@@ -202,7 +202,7 @@ def test_the_job_scripts_rendezvous_port_is_free_and_outside_the_ports_linux_han
         out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60, check=True)
         return int(out.stdout)
 
-    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     for _ in range(5):
         port = drawn()
         assert commands.PORT_RANGE[0] <= port < commands.PORT_RANGE[1] and not low <= port <= high, port
