@@ -58,9 +58,12 @@ test: $(if $(CHAPTER),test-chapter,$(STAMP) system-deps lint $(PROXY))
 # passes 4 runs in 5 fails CI one time in 5). Each run is a new pytest process: its hub, Slurm
 # cluster, browser and book are started anew. Logs: artifacts/repeat/run-K.log. The hubs' courses
 # get a tag (accounts dltr-student1..., tests/hub_support.py), so this may run beside a make test.
+# The default is every file that starts a hub or a browser; test_book's first run executes the
+# whole book (minutes), later runs take its pages from the cache and drive the browser again.
 #   make test-repeat FILES="tests/test_hub.py tests/test_exchange.py" N=5
 N ?= 5
-FILES ?= tests/test_hub.py tests/test_exchange.py tests/test_course_sessions.py
+FILES ?= tests/test_hub.py tests/test_exchange.py tests/test_course_sessions.py tests/test_hub_class.py \
+	tests/test_book.py
 test-repeat: $(STAMP) system-deps $(PROXY)
 	$(BYTECODE)
 	@mkdir -p artifacts/repeat; failed=0; \
