@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
 import sys
 import time
 
@@ -371,6 +372,37 @@ def test_process_cap_holds_for_root_and_leaves_no_child_behind_under_load(cpu_lo
         with pytest.raises(distlab.RankError, match="exited with code 125"):
             distlab.run(_spawn_children, 20, f"distlab-test-cap-child-{attempt}", nprocs=2, timeout=90)
     assert not alive_with_marker(f"distlab-test-cap-child-{attempt}")
+
+
+TREE_SCRIPT = """
+import subprocess, threading, time
+from distlab.grade import limits
+from distlab.runtime.processes import become_subreaper
+
+become_subreaper()                                                  # orphans below us come back to us
+started = [subprocess.Popen(["sleep", "60"]),                       # a child
+           subprocess.Popen(["sh", "-c", "sleep 60 & wait"])]       # a child and its grandchild
+subprocess.run(["sh", "-c", "sleep 60 &"])                          # an orphan, re-parented to us
+zombie = subprocess.Popen(["true"])                                 # ends, never reaped: not live
+done = threading.Event()
+thread = threading.Thread(target=lambda: (started.append(subprocess.Popen(["sleep", "60"])), done.wait()))
+thread.start()                                                      # a child of a thread still running
+time.sleep(1.0)                                                     # the sh has started its sleep
+print("counts", limits.live_descendant_count(), len(limits.descendants()))
+done.set(); thread.join()
+limits.kill_descendants()
+print("after", limits.live_descendant_count(), len(limits.descendants()))
+"""
+
+
+def test_the_watchdog_counts_its_own_tree_as_a_scan_of_every_process_does():
+    """The watchdog counts by walking ``/proc/<pid>/task/<tid>/children`` from its own pid
+    (cheap) where :func:`limits.descendants` asks psutil, which reads every process on the
+    machine. Both must see the same tree: children, a grandchild, an orphan re-parented to the
+    subreaper, a child of another thread; a zombie is not live."""
+    out = subprocess.run([sys.executable, "-c", TREE_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "counts 5 5" in out.stdout and "after 0 0" in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.slow

@@ -114,6 +114,61 @@ def descendants() -> list:
     return found
 
 
+def live_descendant_count() -> int:
+    """How many live descendants this process has, reading only its own part of the tree.
+
+    ``psutil.Process().children(recursive=True)`` (what :func:`descendants` uses) reads the
+    status of *every* process on the machine to learn who is whose parent: 1.3 ms with 90
+    processes here, more on a busy node. The watchdog counts 50 times a second, in every capped
+    rank and kernel, so an idle capped rank spent about 9 % of a core on it. Linux also lists
+    each thread's children in ``/proc/<pid>/task/<tid>/children``: walking those from our own
+    pid visits only our descendants. A child that starts or ends during the walk may be missed
+    (the file is not read atomically); the next look, 20 ms later, counts it.
+    """
+    count, todo = 0, _child_pids(os.getpid())
+    if todo is None:                       # no such file (a kernel without CONFIG_PROC_CHILDREN)
+        return len(descendants())
+    seen = set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        if _is_live(pid):
+            count += 1
+        todo += _child_pids(pid) or []
+    return count
+
+
+def _child_pids(pid: int) -> list[int] | None:
+    """The pids whose parent is a thread of ``pid`` ([] if it is gone; None if Linux cannot say)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    found = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as listing:
+                found += [int(field) for field in listing.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue                  # the thread ended meanwhile
+            return None
+        except ProcessLookupError:
+            continue
+    return found
+
+
+def _is_live(pid: int) -> bool:
+    """Running or sleeping, not a zombie (the state letter after the command name in ``stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def kill_descendants() -> int:
     """SIGKILL every live descendant of this process; return how many there were.
 
@@ -166,7 +221,7 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         while True:
             if self.processes is not None:
-                count = len(descendants())
+                count = live_descendant_count()
                 if count > self.processes:
                     self._end(EXIT_TOO_MANY_PROCESSES,
                               f"{self.label} had {count} processes running, more than its cap of "
