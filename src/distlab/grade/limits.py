@@ -44,7 +44,7 @@ import resource
 import threading
 import time
 
-from distlab.runtime.processes import become_subreaper
+from distlab.runtime.processes import become_subreaper, children
 
 MiB = 1 << 20
 WATCH_INTERVAL_S = 0.02
@@ -120,15 +120,14 @@ def live_descendant_count() -> int:
     ``psutil.Process().children(recursive=True)`` (what :func:`descendants` uses) reads the
     status of *every* process on the machine to learn who is whose parent: 1.3 ms with 90
     processes here, more on a busy node. The watchdog counts 50 times a second, in every capped
-    rank and kernel, so an idle capped rank spent about 9 % of a core on it. Linux also lists
-    each thread's children in ``/proc/<pid>/task/<tid>/children``: walking those from our own
-    pid visits only our descendants. A child that starts or ends during the walk may be missed
-    (the file is not read atomically); the next look, 20 ms later, counts it.
+    rank and kernel, so an idle capped rank spent about 9 % of a core on it. Walking the
+    children lists from our own pid (:func:`distlab.runtime.processes.children`) visits only our
+    descendants. A child that starts or ends during the walk may be missed; the next look,
+    20 ms later, counts it.
     """
-    count, todo = 0, _child_pids(os.getpid())
-    if todo is None:                       # no such file (a kernel without CONFIG_PROC_CHILDREN)
+    if not os.path.exists("/proc/self/stat"):   # not Linux
         return len(descendants())
-    seen = set()
+    count, todo, seen = 0, list(children()), set()
     while todo:
         pid = todo.pop()
         if pid in seen:
@@ -136,28 +135,8 @@ def live_descendant_count() -> int:
         seen.add(pid)
         if _is_live(pid):
             count += 1
-        todo += _child_pids(pid) or []
+        todo += children(pid)
     return count
-
-
-def _child_pids(pid: int) -> list[int] | None:
-    """The pids whose parent is a thread of ``pid`` ([] if it is gone; None if Linux cannot say)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return []
-    found = []
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as listing:
-                found += [int(field) for field in listing.read().split()]
-        except FileNotFoundError:
-            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
-                continue                  # the thread ended meanwhile
-            return None
-        except ProcessLookupError:
-            continue
-    return found
 
 
 def _is_live(pid: int) -> bool:
@@ -165,7 +144,7 @@ def _is_live(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+    except (OSError, IndexError):   # gone
         return False
 
 

@@ -187,20 +187,40 @@ class ProcessTree:
         return list(found.values())
 
 
-def children() -> set[int]:
-    """Process ids of this process's direct children (cheap: Linux lists them per thread in /proc)."""
-    pids: set[int] = set()
+def children(pid: int | None = None) -> set[int]:
+    """Process ids of the direct children of ``pid`` (default: this process); empty once it is gone.
+
+    Cheap: Linux lists each thread's children in ``/proc/<pid>/task/<tid>/children``, so only
+    this process is read. Without those files (not Linux, or a kernel built without them) psutil
+    answers, by reading every process on the machine. A child that starts or ends while the
+    files are read may be missed (they are not read atomically): callers that must see every
+    child look again.
+    """
+    pid = os.getpid() if pid is None else pid
+    if not os.path.exists("/proc/self/task"):
+        return _children_by_psutil(pid)
     try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:  # not Linux: ask psutil (slower, it looks at every process)
-        return {child.pid for child in psutil.Process().children()}
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:                   # the process is gone
+        return set()
+    pids: set[int] = set()
     for task in tasks:
         try:
-            with open(f"/proc/self/task/{task}/children") as listing:
-                pids.update(int(pid) for pid in listing.read().split())
-        except OSError:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as listing:
+                pids.update(int(child) for child in listing.read().split())
+        except FileNotFoundError:
+            if os.path.exists(f"/proc/{pid}/task/{task}"):   # the thread is there, its list is not
+                return _children_by_psutil(pid)
+        except OSError:               # the thread ended while we read
             continue
     return pids
+
+
+def _children_by_psutil(pid: int) -> set[int]:
+    try:
+        return {child.pid for child in psutil.Process(pid).children()}
+    except psutil.Error:
+        return set()
 
 
 def end_children_started_since(before: set[int], grace: float = 0.2) -> None:
