@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 
 import psutil
@@ -32,6 +33,7 @@ def what_a_rank_sees():
     me, parent = psutil.Process(), psutil.Process().parent()
     return {"variables": {name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
             "port": os.environ.get("MASTER_PORT", "").isdigit(), "sum": summed.tolist(),
+            "tmp": tempfile.gettempdir(),
             "rank_command": " ".join(me.cmdline()), "parent_command": " ".join(parent.cmdline())}
 
 
@@ -42,6 +44,8 @@ def test_a_forked_rank_sees_what_a_torchrun_rank_sees_without_starting_a_new_pyt
         assert ours["variables"] == theirs["variables"], rank
         assert ours["variables"]["RANK"] == str(rank) and ours["port"] and ours["sum"] == [10.0, 10.0]
         assert ours["sum"] == theirs["sum"]
+        # The user's temporary folder, not the run's (a forked rank once kept the one its agent found).
+        assert ours["tmp"] == theirs["tmp"] == tempfile.gettempdir()
         # torchrun's rank is a new interpreter running the worker; ours is the agent, forked.
         assert "distlab.runtime.worker" in theirs["rank_command"] and "torch.distributed.run" in theirs["parent_command"]
         assert "distlab.runtime.launchers.forked" in ours["rank_command"] == ours["parent_command"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +49,9 @@ def _leash_and_redirect(run_dir: Path, rank: int) -> None:
         os.environ["TMPDIR"] = user_tmp
     else:
         os.environ.pop("TMPDIR", None)
+    # A rank forked from an agent (the fork launcher) inherits the folder its agent's imports
+    # found from the run's TMPDIR; forget it, so that tempfile looks at the user's TMPDIR again.
+    tempfile.tempdir = None
 
 
 def _watch_calls(state: RankState) -> None:
