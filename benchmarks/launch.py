@@ -11,6 +11,9 @@ Prints, from one run of this script (medians over --repeat launches each):
   once (what the grader's clean room uses), in wall-clock time and in CPU time of all the
   processes a launch starts, each as a ratio to torchrun's (CPU is what a busy grading
   machine runs out of);
+* the same fork launch, its agent one of the spares this process forked in advance
+  (:mod:`distlab.runtime.launchers.spares`, what the clean room does): wall and CPU as a
+  ratio to a fork launch whose agent is a new process;
 * ``pool.run(noop)`` on a warm :class:`distlab.Pool` (target: at most 0.5 s);
 * a notebook-like sequence of ``--cells`` cells, each a small all_reduce: cold (one launch
   per cell) next to pooled (one launch, then warm calls), and their ratio.
@@ -31,6 +34,7 @@ import tempfile
 import time
 
 import distlab
+from distlab.runtime.launchers import spares
 
 BARE_SCRIPT = """
 import torch.distributed as dist
@@ -94,6 +98,9 @@ def main() -> None:
         }
     finally:
         os.unlink(f.name)
+    cpu_spare = []
+    made = spares.keep(args.repeat)
+    spare_times = time_it(lambda: distlab.run(noop, nprocs=args.nprocs, launcher="fork"), made, cpu_spare)
     start = time.perf_counter()
     with distlab.Pool(nprocs=args.nprocs) as pool:
         pool_start = time.perf_counter() - start
@@ -108,6 +115,12 @@ def main() -> None:
     cpu_ours, cpu_fork = statistics.median(cpu_torchrun), statistics.median(cpu_forked)
     print(f"  CPU per launch: torchrun {cpu_ours:.1f} s, fork {cpu_fork:.1f} s")
     print(f"  ratio fork / torchrun: wall {forked / ours:.2f}, CPU {cpu_fork / cpu_ours:.2f}")
+    if made:
+        spare, cpu_of_spare = statistics.median(spare_times), statistics.median(cpu_spare)
+        print(f"  fork, agent a spare ({made} launches)         {spare:7.3f} s   CPU {cpu_of_spare:.2f} s")
+        print(f"  ratio spare / new agent: wall {spare / forked:.2f}, CPU {cpu_of_spare / cpu_fork:.2f}")
+    else:
+        print("  no spare agent could be made (this process runs threads)")
     print(f"  pool start (once)                          {pool_start:7.3f} s")
 
     cold = time_it(lambda: [distlab.run(small_all_reduce, nprocs=args.nprocs) for _ in range(args.cells)], 1)[0]

@@ -12,8 +12,6 @@ import psutil
 import pytest
 from grading_support import REPO, SLUG, Course, fresh_dir
 
-from distlab.runtime.launchers import forked
-
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
 
@@ -38,20 +36,16 @@ def _named(procs, text: str) -> list[psutil.Process]:
 
 def _ranks(procs) -> list[psutil.Process]:
     """The rank processes among ``procs``: torchrun's run the worker module; the fork
-    launcher's (the clean room's) are children of its agent, and carry the agent's command line."""
+    launcher's (the clean room's) are forked from their agent, without an exec, and name
+    themselves ``distlab-rank<k>``."""
     found = []
     for proc in procs:
         try:
-            command, parent = " ".join(proc.cmdline()), proc.parent()
-            forked = FORK_AGENT in command and parent is not None and FORK_AGENT in " ".join(parent.cmdline())
-            if "distlab.runtime.worker" in command or forked:
+            if "distlab.runtime.worker" in " ".join(proc.cmdline()) or proc.name().startswith("distlab-rank"):
                 found.append(proc)
         except psutil.Error:
             continue
     return found
-
-
-FORK_AGENT = forked.__name__   # the fork launcher's agent: python -m distlab.runtime.launchers.forked
 
 
 @pytest.mark.slow

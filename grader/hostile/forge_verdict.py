@@ -1,7 +1,8 @@
 """Forge the clean room's verdict: every answer is wrong, but on the grading ranks (same user
 as the clean room, inside its sandbox) raw libc calls write a verdict saying every test passed
 into the clean room's folder, where the grader used to read it, then kill the clean room so
-it never writes its own.
+it never writes its own (told apart from the rank and its agent, which are forked from it and
+show its command line, by their names).
 
 Expected: the verdict travels on a pipe of the grader that the ranks do not hold, the clean
 room's folder cannot even be found (the clean room is not dumpable: its /proc entries are
@@ -25,6 +26,11 @@ def _forge():
             continue
         if b"distlab.grade.cleanroom" not in command:
             continue
+        try:    # a rank and its agent are forked from the clean room and keep its command line
+            if open(f"/proc/{pid}/comm").read().startswith("distlab-"):
+                continue
+        except OSError:
+            pass
         places = [a for a in command if a.endswith(b"verdict.json")]
         try:
             places.append(os.path.join(os.readlink(f"/proc/{pid}/cwd"), "verdict.json").encode())

@@ -40,6 +40,7 @@ import time
 import psutil
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
 
 TAG_VARIABLE = "DISTLAB_RUN_TAG"
@@ -71,6 +72,13 @@ def become_subreaper() -> bool:
     The flag survives ``exec`` (set it in a ``preexec_fn``), and is not inherited by children.
     """
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_name(name: str) -> None:
+    """Name this process in ``ps -o comm``, ``top`` and ``psutil.Process.name()`` (Linux: up to 15
+    bytes). A process forked without an exec keeps its parent's command line; this tells it apart."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def leash(subreaper: bool = True) -> None:

@@ -14,17 +14,22 @@ from pathlib import Path
 
 from distlab.runtime import processes
 from distlab.runtime import rundir as files
+from distlab.runtime.launchers import spares
 
 
 class Agent:
     """A launcher's agent process and its log."""
 
-    def __init__(self, command: list[str], env: dict[str, str], run_dir: Path):
+    def __init__(self, command: list[str], env: dict[str, str], run_dir: Path, spare: bool = False):
+        """``spare``: if this process keeps spare agents (:mod:`~distlab.runtime.launchers.spares`),
+        one of them becomes this agent instead of a new process."""
         self.run_dir = Path(run_dir)
         self.log = open(self.run_dir / files.AGENT_LOG, "wb")
-        self.process = subprocess.Popen(
-            command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=processes.leash)
+        self.process = spares.take(command, env, os.getcwd(), self.run_dir / files.AGENT_LOG) if spare else None
+        if self.process is None:
+            self.process = subprocess.Popen(
+                command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=self.log,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=processes.leash)
         self.pid = self.process.pid
 
     def poll(self) -> int | None:

@@ -25,7 +25,9 @@ wait on a pipe for its port), and the agent runs no tensor operation before fork
 lock or thread pool is copied half-taken. And the agent is a fresh ``python -m`` process
 started exactly like torchrun: a rank inherits no memory that a torchrun rank would not have,
 which matters where ranks run untrusted code (the grader's clean room,
-:mod:`distlab.grade.cleanroom`).
+:mod:`distlab.grade.cleanroom`). The clean room goes one step further: its agents are spares
+it forked from itself before it read anything secret (:mod:`~distlab.runtime.launchers.spares`),
+so not even the agent imports torch again.
 
 Who uses it: the clean room, whose ranks are thrown away after each notebook, and anyone
 who asks (``distlab.run(fn, launcher="fork")``). torchrun stays the default launcher: it is
@@ -58,12 +60,13 @@ class ForkedJob(LocalJob):
     """A :class:`~.local.LocalJob` whose agent forks its ranks instead of running torchrun."""
 
     agent_command = staticmethod(forked_command)
+    spare_agents = True
 
 
 # -- the agent ------------------------------------------------------------------------------------
 
 
-def _preload(pool: bool) -> None:
+def preload(pool: bool) -> None:
     """Import, once, what every rank would import for itself (and a pool's chapter packages)."""
     import datetime  # noqa: F401 - the worker's imports, in the order it makes them
 
@@ -98,6 +101,7 @@ def _become_rank(rank: int, nprocs: int, port_pipe: int, run_dir: str, pool: boo
 
     try:
         processes.die_with_parent()
+        processes.set_name(f"distlab-rank{rank}")   # its command line is the agent's
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         record = os.read(port_pipe, _PORT_RECORD)
@@ -165,7 +169,7 @@ def main(argv: list[str]) -> int:
     nprocs, run_dir, pool = int(argv[0]), argv[1], "--pool" in argv[2:]
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
-    _preload(pool)
+    preload(pool)
     reader, writer = os.pipe()
     ranks: dict[int, int] = {}            # pid -> rank
     try:

@@ -32,6 +32,8 @@ class LocalJob:
     """
 
     agent_command = staticmethod(torchrun_command)
+    spare_agents = False
+    """Whether a spare agent (:mod:`~distlab.runtime.launchers.spares`) may stand in for a new process."""
 
     def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int | None,
                  pool: bool = False):
@@ -39,7 +41,7 @@ class LocalJob:
         # Same machine: size threads from our cores (torchrun would otherwise set 1 and warn).
         threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
         self.agent = Agent(self.agent_command(nprocs, run_dir, pool), agent_environment(run_dir, backend, threads),
-                           run_dir)
+                           run_dir, spare=self.spare_agents)
         self.watcher = Watcher(run_dir, nprocs, self.agent, self._explain_end, agent_pid=self.agent.pid,
                                ranks_here=True)
 
