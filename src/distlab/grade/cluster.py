@@ -165,7 +165,7 @@ class ClusterRun:
 
         from submitit.core.utils import FailedJobError, UncompletedJobError
 
-        state = job.state  # as the queue last showed it: CANCELLED, TIMEOUT, NODE_FAIL, GONE...
+        state = self._final_state(job)  # CANCELLED, TIMEOUT, NODE_FAIL, GONE...
         try:
             outcome = job.result()
         except UncompletedJobError:
@@ -180,6 +180,18 @@ class ClusterRun:
                     None)  # what autograde says of a student it could not grade
         return ended + (said or f"autograde ended with code {outcome['code']} on {outcome['node']}: "
                                 f"{lines[-1] if lines else ''}")
+
+    @staticmethod
+    def _final_state(job, wait_s: float = 10.0) -> str:
+        """The job's state once the queue has settled it. A job whose result is written may still
+        show COMPLETING (or even RUNNING) for a while, longer on a busy node, while Slurm ends its
+        processes: ask again, for up to ``wait_s`` seconds, until the state is final."""
+        deadline = time.monotonic() + wait_s
+        state = job.state
+        while state in _UNFINISHED - {"UNKNOWN"} and time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = job.watcher.get_state(job.job_id, mode="force")
+        return state
 
     @staticmethod
     def _where(job) -> str:
