@@ -44,7 +44,7 @@ import resource
 import threading
 import time
 
-from distlab.runtime.processes import become_subreaper, children
+from distlab.runtime.processes import become_subreaper, children, set_dumpable
 
 MiB = 1 << 20
 WATCH_INTERVAL_S = 0.02
@@ -86,15 +86,7 @@ def make_undumpable() -> bool:
     the hidden tests from its memory or reach the descriptor its verdict leaves on. (The
     setting does not pass to the programs it starts: a rank is dumpable again.)
     """
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
-
-
-_PR_SET_DUMPABLE = 4
+    return set_dumpable(False)
 
 
 def descendants() -> list:

@@ -41,6 +41,7 @@ import psutil
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+_PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 
 TAG_VARIABLE = "DISTLAB_RUN_TAG"
@@ -72,6 +73,13 @@ def become_subreaper() -> bool:
     The flag survives ``exec`` (set it in a ``preexec_fn``), and is not inherited by children.
     """
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_dumpable(dumpable: bool) -> bool:
+    """``prctl(PR_SET_DUMPABLE)``: whether other processes of this user may read this one's
+    ``/proc/<pid>/`` entries (``mem``, ``fd``, ``cwd``, ``environ``) and trace it. An exec makes a
+    process dumpable again; a fork does not. Linux; elsewhere a no-op that returns False."""
+    return _prctl(_PR_SET_DUMPABLE, int(dumpable))
 
 
 def set_name(name: str) -> None:

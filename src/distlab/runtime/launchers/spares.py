@@ -150,7 +150,7 @@ def _serve(reader: int) -> None:
         os.setsid()
         processes.set_name("distlab-agent")
         processes.become_subreaper()
-        _dumpable_again()
+        processes.set_dumpable(True)     # as after an exec
         os.chdir(job["cwd"])
         os.environ.clear()
         os.environ.update(job["env"])
@@ -188,10 +188,3 @@ def _max_fd() -> int:
         return os.sysconf("SC_OPEN_MAX")
     except (ValueError, OSError):
         return 1024
-
-
-def _dumpable_again() -> None:
-    import ctypes
-
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)   # PR_SET_DUMPABLE, as after an exec
