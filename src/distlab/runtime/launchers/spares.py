@@ -89,13 +89,14 @@ def take(command: list[str], env: dict[str, str], cwd: str, log: Path) -> SpareP
         return None
     while _spares:
         pid, writer = _spares.pop(0)
-        job = json.dumps({"argv": command[3:], "env": env, "cwd": cwd, "log": str(log)}).encode()
+        job = memoryview(json.dumps({"argv": command[3:], "env": env, "cwd": cwd, "log": str(log)}).encode())
         try:
-            os.write(writer, job)          # one write, then EOF: the spare reads to the end
-            os.close(writer)
+            while job:                     # the job, then EOF: the spare reads to the end
+                job = job[os.write(writer, job):]
         except OSError:                    # it is gone (killed with everything below us, say)
-            os.close(writer)
             continue
+        finally:
+            os.close(writer)
         return SpareProcess(pid, command)
     return None
 
