@@ -35,6 +35,7 @@ import time
 
 import distlab
 from distlab.runtime.launchers import spares
+from distlab.runtime.launchers.forked import preload
 
 BARE_SCRIPT = """
 import torch.distributed as dist
@@ -99,6 +100,7 @@ def main() -> None:
     finally:
         os.unlink(f.name)
     cpu_spare = []
+    preload(pool=False)           # what a fork agent imports, once, before the spares are forked
     made = spares.keep(args.repeat)
     spare_times = time_it(lambda: distlab.run(noop, nprocs=args.nprocs, launcher="fork"), made, cpu_spare)
     start = time.perf_counter()

@@ -22,6 +22,8 @@ from distlab.runtime.launchers import spares
 secret_path = sys.argv[1]
 held_before = os.open(secret_path, os.O_RDONLY)   # like the clean room's verdict pipe: open before keep()
 os.set_inheritable(held_before, False)
+from distlab.runtime.launchers import forked
+forked.preload(pool=True)
 made = spares.keep(2)
 spare_pids = [pid for pid, _ in spares._spares]
 
@@ -94,7 +96,8 @@ def _same_view(spare_ranks: list[dict], new_ranks: list[dict], secret, tmp_path)
         assert ours["tmp"] == theirs["tmp"] == str(tmp_path)                # the caller's TMPDIR, given back
         assert not any(str(secret) in target for target in ours["fds"]), ours["fds"]   # closed in the spare
         assert len(ours["fds"]) == len(theirs["fds"]), (ours["fds"], theirs["fds"])
-        assert ours["main"] == [], ours["main"]                              # nothing of the parent's script
+        assert ours["main"] == theirs["main"] and "main" in ours["main"], ours["main"]   # the agent's module
+        assert not {"LOOK", "secret_path", "spare_pids"} & set(ours["main"]), ours["main"]  # not the parent's script
 
 
 ORPHAN = r'''

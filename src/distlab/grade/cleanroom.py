@@ -322,10 +322,11 @@ def main(argv: list[str]) -> int:
     """``python -m distlab.grade.cleanroom VERDICT_FD``: the job on standard input, the verdict
     written to descriptor ``VERDICT_FD`` (both pipes of the grader, see the module docstring)."""
     from distlab.grade import bubblewrap, limits, wire
-    from distlab.runtime.launchers import spares
+    from distlab.runtime.launchers import forked, spares
 
     verdict_fd = int(argv[0])
     limits.make_undumpable()             # before the hidden tests are in memory
+    forked.preload(pool=True)            # what every agent imports: the spares share it
     spares.keep(SPARE_AGENTS)            # before the job is read: they copy no secret
     if bubblewrap.enabled():             # alone on its own loopback: the bytes on it are the ranks'
         wire.start_metering()

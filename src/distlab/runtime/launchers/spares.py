@@ -8,7 +8,8 @@ nothing to start. But a forked child starts with a copy of its parent's memory, 
 room's memory holds what the ranks must never see (the hidden tests, the verdict's pipe). So
 the clean room forks its spares first thing, before it reads its job, when its memory holds
 nothing but imported modules; each spare waits on a pipe until a job needs an agent, then
-becomes exactly what ``python -m distlab.runtime.launchers.forked ...`` would be:
+becomes exactly what the agent's command, ``python -m distlab.runtime.launchers.forked ...``,
+would be:
 
 * its descriptors are 0, 1 and 2 only (standard input is ``/dev/null``, the others the agent's
   log), so nothing the parent opens later (the job, the verdict's pipe) reaches it;
@@ -16,7 +17,8 @@ becomes exactly what ``python -m distlab.runtime.launchers.forked ...`` would be
   (``PYTHONUNBUFFERED``, which a new Python would have read at start);
 * it is dumpable again (a new program would be; the clean room is not), in a session of its
   own, dies with its parent and adopts its orphans (:func:`~distlab.runtime.processes.leash`);
-* its ``__main__`` is a new empty module, as the parent's was before it ran anything.
+* it runs the command's module as ``python -m`` does (:func:`runpy.run_module`, a new
+  ``__main__``), with the command's arguments.
 
 Two things a fork cannot change. Its command line stays its parent's (``ps`` shows the clean
 room's), so it names itself ``distlab-agent`` (``ps -o comm``; its ranks are
@@ -28,7 +30,9 @@ it, and the clean room, a subreaper, ends everything below it when a notebook is
 A spare is a child of the process that made it, so that process waits for it and reads its
 exit status as it would a ``subprocess.Popen``'s (:class:`SpareProcess`). When no spare is
 left, an agent starts the usual way. Unused spares end with their parent (they die with it,
-and the clean room kills everything below it when it is done).
+and the clean room kills everything below it when it is done). This module knows nothing of
+the fork launcher: the launcher asks for a spare (``ForkedJob.spare_agents``), and whoever
+keeps spares imports first what the agents import (:func:`~.forked.preload`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 from distlab.runtime import processes
@@ -51,17 +55,15 @@ _spares: list[tuple[int, int]] = []   # (pid, write end of its pipe), oldest fir
 def keep(count: int) -> int:
     """Fork ``count`` spare agents now; return how many were made.
 
-    Call it before this process holds anything its ranks must not read. It imports what every
-    agent imports first (so the spares share it), and makes none if this process runs a Python
-    thread besides the main one (a fork copies a lock another thread may hold). The idle threads
-    of the BLAS library's pool, which importing numpy starts, are no obstacle: the library
-    resets its pool in a forked child, as it does for every fork launcher agent.
+    Call it before this process holds anything its ranks must not read, after importing what
+    the agents will import (then the spares share it instead of each importing it). It makes
+    none if this process runs a Python thread besides the main one (a fork copies a lock
+    another thread may hold). The idle threads of the BLAS library's pool, which importing
+    numpy starts, are no obstacle: the library resets its pool in a forked child, as it does
+    for every fork launcher agent.
     """
-    from distlab.runtime.launchers import forked
-
     if threading.active_count() > 1:
         return 0
-    forked.preload(pool=True)
     made = 0
     for _ in range(count):
         reader, writer = os.pipe()
@@ -81,15 +83,15 @@ def available() -> int:
 
 
 def take(command: list[str], env: dict[str, str], cwd: str, log: Path) -> SpareProcess | None:
-    """Hand the oldest spare an agent's ``command`` (``python -m <launcher module> ARGS``); None if
-    there is no spare left (or it died meanwhile): then start the agent the usual way."""
-    from distlab.runtime.launchers import forked
-
-    if command[1:3] != ["-m", forked.__name__]:
+    """Hand the oldest spare an agent's ``command`` (``[sys.executable, "-m", module, ARGS...]``);
+    None if the command is not of that form, or no spare is left (or it died meanwhile): then
+    start the agent the usual way."""
+    if command[:2] != [sys.executable, "-m"] or len(command) < 3:
         return None
     while _spares:
         pid, writer = _spares.pop(0)
-        job = memoryview(json.dumps({"argv": command[3:], "env": env, "cwd": cwd, "log": str(log)}).encode())
+        job = memoryview(json.dumps({"module": command[2], "argv": command[3:], "env": env, "cwd": cwd,
+                                     "log": str(log)}).encode())
         try:
             while job:                     # the job, then EOF: the spare reads to the end
                 job = job[os.write(writer, job):]
@@ -161,12 +163,12 @@ def _serve(reader: int) -> None:
         os.close(log)
         os.close(reader)
         sys.stdout, sys.stderr = _unbuffered(1), _unbuffered(2)
-        sys.modules["__main__"] = types.ModuleType("__main__")
-
-        from distlab.runtime.launchers import forked
-
-        sys.argv = [forked.__file__, *job["argv"]]
-        code = forked.main(job["argv"])
+        sys.argv = [sys.executable, *job["argv"]]   # runpy puts the module's file first
+        try:
+            runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as leaving:
+            code = leaving.code if isinstance(leaving.code, int) else (0 if leaving.code is None else 1)
     except BaseException:                  # noqa: BLE001 - a spare must never return into its parent
         import traceback
 
