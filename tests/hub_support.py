@@ -75,6 +75,9 @@ CAUSED_BY_A_PERSON = {
     # The proxy logs a peer that drops a connection mid-request (a closed browser tab, a server
     # whose job ended) as an "Uncaught Exception" and carries on serving: jupyterhub#3355.
     "read ECONNRESET": "whoever closed a page or ended a server while the proxy still spoke to it",
+    # The same for the other direction: a page left (following a link elsewhere) while the proxy
+    # still wrote to its websocket, logged the same way (http-proxy-3#51, under the proxy 5.2).
+    "write EPIPE": "whoever left a page while the proxy still wrote to its websocket",
 }
 
 
