@@ -227,6 +227,7 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         # control groups to the instructor's account (cgroups.delegate). Without them this said
         # "No cap on a submission's processes together (this account may not create ...)".
         assert "No cap on a submission's processes together" not in log, log[-3000:]
+        assert re.search(r"The clean room and its ranks used [\d.]+ CPU-s \(cap: \d+\)", log), log[-3000:]
         assert instructor(course, "feedback", SLUG).returncode == 0
         assert instructor(course, "return", SLUG).returncode == 0
         # Least privilege: every file the grading commands made (gradebook, copies of the

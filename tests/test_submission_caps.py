@@ -28,9 +28,14 @@ sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
 
 CAPS = hostile.specs(os.path.join(hostile.HERE, "caps"))
-MEMORY_MB, TASKS = 2048, 512
+MEMORY_MB, TASKS, CPU_S = 2048, 512, 20
 """The caps the class is graded with: an honest chapter-0 notebook's clean room (four ranks)
-holds about 1.2 GiB at its peak, its kernel less (the grader logs both, "held at most")."""
+holds about 1.2 GiB at its peak, its kernel less (the grader logs both, "held at most"). Its
+kernel uses about 2 CPU-seconds with its ranks, its clean room 3 to 6, and the clean room of
+``memory_in_many_ranks`` 9 (the log's "used ... CPU-s")."""
+CELL_TIMEOUT_S = 300
+"""Long enough for ``cpu_in_many_ranks``'s 32 CPU-seconds on a loaded 2-core machine, so that
+what stops it is the CPU cap and not the cell's time limit."""
 
 
 def test_this_machine_can_make_control_groups():
@@ -59,6 +64,30 @@ def test_a_group_ends_what_holds_too_much_refuses_tasks_past_its_cap_and_leaves_
     assert not any(folder.exists() for folder in folders), "the group outlived its block"
 
 
+BURN = "import time\nwhile time.process_time() < 20:\n    pass\nprint('burned 20 s')"
+"""A process that uses 20 s of CPU, far under a rank's own cap (600)."""
+
+
+def test_a_group_ends_all_its_processes_once_together_they_used_its_cpu_time():
+    with cgroups.SubmissionGroup("unit-test-cpu", memory_mb=500, tasks=40, cpu_s=4) as group:
+        short = subprocess.run(group.wrap([sys.executable, "-c", "import time\nwhile time.process_time() < 1: pass"]),
+                               timeout=60)
+        assert short.returncode == 0 and not group.cpu_cap_reached
+        assert group.cpu_seconds() >= 1.0, "the time of an ended process still counts"
+        burners = [subprocess.Popen(group.wrap([sys.executable, "-c", BURN]), stdout=subprocess.PIPE, text=True)
+                   for _ in range(3)]
+        outputs = [burner.communicate(timeout=120)[0] for burner in burners]
+        assert [burner.returncode for burner in burners] == [-9, -9, -9], outputs
+        assert group.cpu_cap_reached and "burned" not in "".join(outputs)
+        # Checked a few times a second: three busy processes overshoot by about 3/4 s at most
+        # (a loaded machine runs them slower, so less).
+        assert 4.0 < group.cpu_seconds() < 6.0, group.cpu_seconds()
+    with cgroups.SubmissionGroup("unit-test-cpu-free", memory_mb=500, tasks=40, cpu_s=None) as free:
+        done = subprocess.run(free.wrap([sys.executable, "-c", "import time\nwhile time.process_time() < 1: pass"]),
+                              timeout=60)
+        assert done.returncode == 0 and not free.cpu_cap_reached
+
+
 DELEGATED_PROBE = r"""
 import json, subprocess, sys
 from distlab.grade import cgroups
@@ -70,6 +99,10 @@ if why_not is None:
         done = subprocess.run(group.wrap([sys.executable, "-c", hold]), capture_output=True, text=True, timeout=60)
         found.update(returncode=done.returncode, stdout=done.stdout, kills=group.out_of_memory_kills(),
                      folders=[str(f) for f in group.folders])
+    burn = "import time\nwhile time.process_time() < 20:\n    pass"
+    with cgroups.SubmissionGroup("delegated-cpu", memory_mb=100, tasks=64, cpu_s=1) as group:
+        done = subprocess.run(group.wrap([sys.executable, "-c", burn]), capture_output=True, text=True, timeout=60)
+        found.update(cpu_returncode=done.returncode, cpu_cap_reached=group.cpu_cap_reached)
 print("FOUND " + json.dumps(found))
 """
 
@@ -105,6 +138,7 @@ def test_an_account_root_delegated_groups_to_caps_its_submissions_without_root()
         found = probe({cgroups.PARENTS_VARIABLE: os.pathsep.join(map(str, folders))})
         assert found["why_not"] is None, found
         assert found["returncode"] == -9 and "held" not in found["stdout"] and found["kills"] >= 1, found
+        assert found["cpu_returncode"] == -9 and found["cpu_cap_reached"], found
         assert all(any(f.startswith(str(d) + "/") for d in folders) for f in found["folders"]), found
     finally:
         cgroups.undelegate(folders)
@@ -143,10 +177,12 @@ def test_a_submissions_processes_are_capped_together_and_honest_students_are_not
         course.submit(incoming, "h-" + name.replace("_", "-"), hostile.build(spec, str(release)))
     assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
     graded = course.grade("autograde", SLUG, f"--SubmissionCaps.memory_mb={MEMORY_MB}",
-                          f"--SubmissionCaps.tasks={TASKS}", "--Execute.timeout=60")
+                          f"--SubmissionCaps.tasks={TASKS}", f"--SubmissionCaps.cpu_s={CPU_S}",
+                          f"--Execute.timeout={CELL_TIMEOUT_S}")
     assert graded.returncode == 0, course.log[-4000:]
     log = graded.stdout + graded.stderr
     assert "reached its memory cap" in log, log[-4000:]
+    assert "reached its CPU cap" in log, log[-4000:]
     scores = course.scores()
     full = {cell: float(points) for cell, points in hostile.POINTS.items()}
     assert scores["aa-control"] == full, scores

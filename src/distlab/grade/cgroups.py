@@ -10,12 +10,20 @@ tasks (processes and threads). Past the memory limit the kernel's out-of-memory 
 process of that group, never one of the grader's or another student's; past the task limit,
 ``fork`` fails inside the group.
 
+CPU time works the same way, with one difference. Each rank may use ``rank_cpu_s`` seconds of
+CPU, but the count starts again in every process, so four ranks that each start a few
+helpers spend many times that between them. The group adds up the CPU time of everything in
+it (``cpu.stat`` in v2, ``cpuacct.usage`` in v1). A group can limit how fast its processes
+use CPU, not how much they use in all, so the grader enforces the sum itself: a thread reads it
+a few times a second, and once it passes ``cpu_s`` the grader ends every process in the group.
+The submission has spent its budget for this phase, and nothing of it runs on.
+
 Two kinds of control groups exist. cgroup v2 (current Debian, Ubuntu, RHEL and most cluster
 nodes) is one tree at ``/sys/fs/cgroup`` (``memory.max``, ``pids.max``); cgroup v1 (older
 systems, and this project's test machine) has one tree per controller
-(``/sys/fs/cgroup/memory/``, ``/sys/fs/cgroup/pids/``). Creating a group needs the right to
-write there: root has it; another account has it only where the system delegated a part of the
-tree to it. Root delegates with :func:`delegate` (a group of its own, owned by the grading
+(``/sys/fs/cgroup/memory/``, ``/sys/fs/cgroup/pids/``, ``/sys/fs/cgroup/cpuacct/``). Creating
+a group needs the right to write there: root has it; another account has it only where the
+system delegated a part of the tree to it. Root delegates with :func:`delegate` (a group of its own, owned by the grading
 account) and tells the grader where it is in ``DISTLAB_GRADE_CGROUP_PARENTS``; the demo hub
 does this for its instructor account. Where no group can be made, grading goes on with the
 per-process caps alone and says so once in its log.
@@ -32,6 +40,7 @@ import contextlib
 import os
 import shlex
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -40,11 +49,14 @@ from traitlets.config import Configurable
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "distlab-grade"
+V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+"""The cgroup v1 trees a submission's group needs, in the order of :attr:`SubmissionGroup.folders`."""
+_V1_MARKER = {"memory": "memory.limit_in_bytes", "pids": "pids.max", "cpuacct": "cpuacct.usage"}
 
 
 PARENTS_VARIABLE = "DISTLAB_GRADE_CGROUP_PARENTS"
-"""Groups delegated to the grading account (``os.pathsep``-separated): one v2 group, or a v1
-memory group and a v1 pids group. New groups go below them."""
+"""Groups delegated to the grading account (``os.pathsep``-separated): one v2 group, or one
+v1 group in each of the memory, pids and cpuacct trees. New groups go below them."""
 
 
 def _delegated() -> list[Path]:
@@ -62,26 +74,28 @@ def _v2_root() -> Path | None:
 
 
 def _v1_roots() -> dict[str, Path] | None:
-    """Where v1 memory and pids groups go, if both controllers are mounted: the groups
-    delegated to this account, else below the grader's own group of each (so limits set above
-    it, e.g. by a batch job's, still apply)."""
+    """Where v1 memory, pids and cpuacct groups go, if all three controllers are mounted: the
+    groups delegated to this account, else below the grader's own group of each (so limits set
+    above it, e.g. by a batch job's, still apply)."""
     delegated = _delegated()
     if delegated:
-        by_controller = {("memory" if (d / "memory.limit_in_bytes").exists() else "pids"): d for d in delegated}
-        return by_controller if set(by_controller) == {"memory", "pids"} else None
+        by_controller = {name: d for d in delegated for name, marker in _V1_MARKER.items() if (d / marker).exists()}
+        return {name: by_controller[name] for name in V1_CONTROLLERS} if set(by_controller) == set(V1_CONTROLLERS) else None
     own = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(","):
             own[controller] = path
-    roots = {name: ROOT / name / own.get(name, "/").lstrip("/") for name in ("memory", "pids")}
+    # A tree mounted for several controllers at once ("cpu,cpuacct") has a link per controller.
+    roots = {name: ROOT / name / own.get(name, "/").lstrip("/") for name in V1_CONTROLLERS}
     if all((root / "cgroup.procs").exists() for root in roots.values()):
         return roots
     return None
 
 
 def group_roots() -> list[Path]:
-    """The folders new groups go in: the v2 tree's root, or the v1 memory and pids folders."""
+    """The folders new groups go in: the v2 tree's root, or the v1 memory, pids and cpuacct
+    folders."""
     v2 = _v2_root()
     return [v2] if v2 is not None else list((_v1_roots() or {}).values())
 
@@ -90,7 +104,10 @@ def available() -> str | None:
     """Why no group can be made here, or ``None`` if one can."""
     v2, v1 = _v2_root(), _v1_roots()
     if v2 is None and v1 is None:
-        return "this system offers neither cgroup v2 (memory, pids) nor the v1 memory and pids controllers"
+        if _delegated():
+            return (f"{PARENTS_VARIABLE} must name one v2 group, or one v1 group in each of the "
+                    f"{', '.join(V1_CONTROLLERS)} trees")
+        return "this system offers neither cgroup v2 (memory, pids) nor the v1 memory, pids and cpuacct controllers"
     folders = [v2] if v2 is not None else list(v1.values())
     if not all(os.access(folder, os.W_OK) for folder in folders):
         return f"this account may not create control groups in {', '.join(map(str, folders))}"
@@ -99,16 +116,16 @@ def available() -> str | None:
 
 def delegate(account: str, name: str) -> list[Path]:
     """As root: a group named ``name`` for ``account`` to create its submissions' groups in
-    (v2: one group, memory and pids enabled below it; v1: one in the memory tree, one in the
-    pids tree); the folders to put in :data:`PARENTS_VARIABLE`. Undo with :func:`undelegate`."""
+    (v2: one group, memory and pids enabled below it; v1: one in each of the memory, pids and
+    cpuacct trees); the folders to put in :data:`PARENTS_VARIABLE`. Undo with :func:`undelegate`."""
     import pwd
 
     entry = pwd.getpwnam(account)
     if _v2_root() is not None:
         SubmissionGroup._enable_v2_controllers(ROOT)
         folders, owned = [ROOT / name], ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
-    elif all((ROOT / c / "cgroup.procs").exists() for c in ("memory", "pids")):
-        folders, owned = [ROOT / "memory" / name, ROOT / "pids" / name], ("cgroup.procs", "tasks")
+    elif all((ROOT / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
+        folders, owned = [ROOT / c / name for c in V1_CONTROLLERS], ("cgroup.procs", "tasks")
     else:
         return []
     for folder in folders:
@@ -159,15 +176,23 @@ def joined(folders: list[Path], argv: list[str]) -> list[str]:
 class SubmissionGroup:
     """A control group capping one submission's processes together (see the module)::
 
-        with SubmissionGroup("s1-00-first-steps", memory_mb=8192, tasks=512) as group:
+        with SubmissionGroup("s1-00-first-steps", memory_mb=8192, tasks=512, cpu_s=1800) as group:
             subprocess.Popen(group.wrap(argv))   # the process and all it starts are inside
+        group.cpu_cap_reached                    # True if the grader ended them for CPU time
     """
 
-    def __init__(self, label: str, memory_mb: int, tasks: int):
+    CPU_CHECKS_PER_S = 4
+    """How often the grader reads the group's CPU time: a group of N busy processes overshoots
+    its ``cpu_s`` by at most about N / 4 CPU-seconds before it is ended."""
+
+    def __init__(self, label: str, memory_mb: int, tasks: int, cpu_s: float | None = None):
         self.label = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)[:60]
-        self.memory_mb, self.tasks = memory_mb, tasks
-        self.folders: list[Path] = []   # one (v2) or two (v1: memory, pids)
+        self.memory_mb, self.tasks, self.cpu_s = memory_mb, tasks, cpu_s
+        self.folders: list[Path] = []   # one (v2) or three (v1: see V1_CONTROLLERS)
         self.version = 0
+        self.cpu_cap_reached = False
+        self._stop_watching = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def __enter__(self) -> "SubmissionGroup":
         name = f"{PREFIX}-{os.getpid()}-{time.monotonic_ns()}-{self.label}"
@@ -185,20 +210,53 @@ class SubmissionGroup:
             else:
                 self.version = 1
                 roots = _v1_roots()
-                self.folders = [roots["memory"] / name, roots["pids"] / name]
+                self.folders = [roots[controller] / name for controller in V1_CONTROLLERS]
                 for folder in self.folders:
                     folder.mkdir(mode=0o755)
-                memory = self.folders[0]
+                memory = self._folder("memory")
                 (memory / "memory.limit_in_bytes").write_text(str(self.memory_mb * 2**20))
                 self._write_if_there(memory / "memory.memsw.limit_in_bytes", str(self.memory_mb * 2**20))
-                (self.folders[1] / "pids.max").write_text(str(self.tasks))
+                (self._folder("pids") / "pids.max").write_text(str(self.tasks))
         except BaseException:
             self.close()
             raise
+        if self.cpu_s is not None:
+            self._watcher = threading.Thread(target=self._watch_cpu_time, name=f"cpu-cap-{self.label}", daemon=True)
+            self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _folder(self, controller: str) -> Path:
+        """The group's folder for ``controller``: its only one in v2, that tree's in v1."""
+        return self.folders[0] if self.version == 2 else self.folders[V1_CONTROLLERS.index(controller)]
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time (user and system) every process that was ever in the group has used,
+        the ended ones included; ``None`` where it cannot be read."""
+        try:
+            if self.version == 2:
+                for line in (self._folder("cpu") / "cpu.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+                return None
+            return int((self._folder("cpuacct") / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _watch_cpu_time(self) -> None:
+        """End the group's processes once together they have used more than ``cpu_s``."""
+        while not self._stop_watching.wait(1 / self.CPU_CHECKS_PER_S):
+            used = self.cpu_seconds()
+            if used is not None and used > self.cpu_s:
+                self.cpu_cap_reached = True
+                self._write_if_there(self._folder("pids") / "pids.max", "0")   # no fork succeeds in it now
+                self._kill_everything()   # and, until the group closes, whatever still gets in
+                while not self._stop_watching.wait(0.05):
+                    self._kill_everything()
+                return
 
     @staticmethod
     def _enable_v2_controllers(root: Path) -> None:
@@ -234,7 +292,7 @@ class SubmissionGroup:
         """The most memory the group held at once, where the system records it."""
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
         try:
-            return int((self.folders[0] / name).read_text()) / 2**20
+            return int((self._folder("memory") / name).read_text()) / 2**20
         except (OSError, IndexError, ValueError):
             return None
 
@@ -242,9 +300,9 @@ class SubmissionGroup:
         """How many of the group's processes the out-of-memory killer ended."""
         try:
             if self.version == 2:
-                events = (self.folders[0] / "memory.events").read_text()
+                events = (self._folder("memory") / "memory.events").read_text()
             else:
-                events = (self.folders[0] / "memory.oom_control").read_text()
+                events = (self._folder("memory") / "memory.oom_control").read_text()
         except (OSError, IndexError):
             return 0
         for line in events.splitlines():
@@ -253,24 +311,30 @@ class SubmissionGroup:
                 return int(value)
         return 0
 
+    def _kill_everything(self) -> list[int]:
+        """SIGKILL every process in the group now; the ones it found."""
+        left = self.pids()
+        kill_file = self.folders[0] / "cgroup.kill" if self.folders else None
+        if left and self.version == 2 and kill_file.exists():
+            kill_file.write_text("1")
+        else:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return left
+
     def close(self, wait_s: float = 10.0) -> None:
-        """Kill every process still in the group, wait until it is empty, remove it."""
+        """Stop watching its CPU time, kill every process still in the group, wait until it is
+        empty, remove it."""
+        self._stop_watching.set()
+        if self._watcher is not None:
+            self._watcher.join()
         if not self.folders:
             return
         deadline = time.monotonic() + wait_s
-        while True:
-            left = self.pids()
-            if not left:
-                break
-            kill_file = self.folders[0] / "cgroup.kill"
-            if self.version == 2 and kill_file.exists():
-                kill_file.write_text("1")
-            else:
-                for pid in left:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        while self._kill_everything():
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -299,6 +363,10 @@ class SubmissionCaps(Configurable):
                                    "clean room, and all their ranks (MiB)").tag(config=True)
     tasks = Integer(1024, help="Processes and threads a submission's processes may have together "
                                "(torch starts a few dozen threads per rank)").tag(config=True)
+    cpu_s = Integer(1800, help="CPU seconds a submission's processes may use together in one phase (its kernel "
+                               "and its ranks; its clean room and its ranks): past it all of them are ended. An "
+                               "honest chapter-0 kernel uses about 2 with its ranks, its clean room about 4"
+                    ).tag(config=True)
 
 
 @contextlib.contextmanager
@@ -318,7 +386,7 @@ def phase(preprocessor, resources: dict, what: str):
         return
     info = resources.get("nbgrader", {})
     label = f"{info.get('student', '')}-{info.get('notebook', '')}-{what.replace(' ', '-')}"
-    with SubmissionGroup(label, caps.memory_mb, caps.tasks) as group:
+    with SubmissionGroup(label, caps.memory_mb, caps.tasks, caps.cpu_s) as group:
         os.environ[VARIABLE] = os.pathsep.join(map(str, group.folders))
         try:
             yield group
@@ -328,6 +396,12 @@ def phase(preprocessor, resources: dict, what: str):
             if peak is not None:
                 preprocessor.log.info("The %s and its ranks held at most %.0f MiB at once (cap: %d MiB)",
                                       what, peak, caps.memory_mb)
+            used = group.cpu_seconds()
+            if used is not None:
+                preprocessor.log.info("The %s and its ranks used %.1f CPU-s (cap: %d)", what, used, caps.cpu_s)
+            if group.cpu_cap_reached:
+                preprocessor.log.warning("The %s of this submission reached its CPU cap (%d CPU-s for all its "
+                                         "processes together): the grader ended them", what, caps.cpu_s)
             kills = group.out_of_memory_kills()
             if kills:
                 preprocessor.log.warning("The %s of this submission reached its memory cap (%d MiB for all "

@@ -109,6 +109,7 @@ class KernelExecute(Execute):
 
     def preprocess(self, nb, resources, km=None):
         self._kernel_died = False
+        self._group = None   # the phase's control group, once made
         processes.become_subreaper()
         graded = resources.setdefault("metadata", {}).get("path") or os.getcwd()
         # The kernel works in a folder of its own, never in the graded one: that one holds the
@@ -126,9 +127,10 @@ class KernelExecute(Execute):
             })
             resources["metadata"]["path"] = folder   # where nbclient starts the kernel
             try:
-                with cgroups.phase(self, resources, "kernel"):   # caps on the kernel and its ranks together
+                with cgroups.phase(self, resources, "kernel") as self._group:   # caps on the kernel and its ranks together
                     return super().preprocess(nb, resources, km=km)
             finally:
+                self._group = None
                 resources["metadata"]["path"] = graded
                 os.environ.pop("DISTLAB_GRADE_KERNEL", None)
                 limits.kill_descendants()   # before the folder goes: nothing still writes there
@@ -146,6 +148,9 @@ class KernelExecute(Execute):
             # cannot run there; the tests never did: the clean room runs them.
             self._kernel_died = True
             what = "died" if isinstance(exc, DeadKernelError) else f"stopped responding ({type(exc).__name__})"
+            if self._group is not None and self._group.cpu_cap_reached:
+                what = (f"was ended for using more than this submission's CPU budget "
+                        f"({self._group.cpu_s} CPU-seconds with its ranks)")
             self.log.warning("The kernel %s in cell %d: %s", what, index, exc)
             cell.outputs = [NotebookNode({"output_type": "error", "ename": type(exc).__name__,
                                           "evalue": f"the kernel {what} while running this cell",
@@ -190,8 +195,11 @@ class CleanRoomTests(NbGraderPreprocessor):
         job = {"cells": cells, "trusted_cells": trusted, "test_cells": tests, "caps": self.caps(),
                "protected": config.protected_paths(), "forbidden": forbidden,
                "test_timeout": self.test_timeout_s}
-        with cgroups.phase(self, resources, "clean room"):   # caps on the clean room and its ranks together
+        with cgroups.phase(self, resources, "clean room") as group:   # caps on the clean room and its ranks together
             verdicts, problem = self.run_clean_room(job, len(tests))
+        if group is not None and group.cpu_cap_reached:
+            problem = (f"the tests' ranks used more than this submission's CPU budget ({group.cpu_s} CPU-seconds "
+                       f"for the clean room and its ranks together), so the grader ended them")
         for cell in nb.cells:
             if not is_test_cell(cell):
                 continue
