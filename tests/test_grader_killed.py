@@ -12,6 +12,8 @@ import psutil
 import pytest
 from grading_support import REPO, SLUG, Course, fresh_dir
 
+from distlab.grade import cgroups
+
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
 
@@ -88,3 +90,15 @@ def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ran
         if grader.poll() is None:
             grader.kill()
         grader.wait(timeout=30)
+    # The killed grader's control groups are named after its nbgrader's process id and removed by
+    # the next grader's sweep (test_submission_caps checks the sweep). This test is that next
+    # grader, so that no group of it is left for the rest of the run.
+    left_by = f"{cgroups.PREFIX}-{nbgrader.pid}-"
+    deadline = time.monotonic() + 10
+    while True:
+        cgroups.remove_groups_of_dead_graders(cgroups.group_roots())
+        left = [folder for root in cgroups.group_roots() for folder in root.glob(left_by + "*")]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"the killed grader's control groups outlived it: {left}"
