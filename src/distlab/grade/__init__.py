@@ -19,6 +19,9 @@ The pieces, in the order a submission meets them:
   inside an operating-system sandbox: a private file system view, network, process table
   and an unprivileged user, so what gets past the Python guard still reaches nothing. On
   its private loopback, :mod:`distlab.grade.wire` counts the bytes the ranks send, outside them.
+* :mod:`distlab.grade.submission_caps`: each of those two phases runs in a control group of its
+  own (:mod:`distlab.grade.cgroups`), which caps the memory, tasks and CPU time of all its
+  processes together.
 
 What the rank-side pieces are, which tests and the clean room both use:
 

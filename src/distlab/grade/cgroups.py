@@ -23,15 +23,17 @@ nodes) is one tree at ``/sys/fs/cgroup`` (``memory.max``, ``pids.max``); cgroup 
 systems, and this project's test machine) has one tree per controller
 (``/sys/fs/cgroup/memory/``, ``/sys/fs/cgroup/pids/``, ``/sys/fs/cgroup/cpuacct/``). Creating
 a group needs the right to write there: root has it; another account has it only where the
-system delegated a part of the tree to it. Root delegates with :func:`delegate` (a group of its own, owned by the grading
-account) and tells the grader where it is in ``DISTLAB_GRADE_CGROUP_PARENTS``; the demo hub
-does this for its instructor account. Where no group can be made, grading goes on with the
+system delegated a part of the tree to it. Root delegates with :func:`delegate` (a group of
+its own, owned by the grading account) and tells the grader where it is in
+``DISTLAB_GRADE_CGROUP_PARENTS``; the demo hub does this for its instructor account. Where no group can be made, grading goes on with the
 per-process caps alone and says so once in its log.
 
 A process enters the group before it runs anything of the student's: the command that starts
 the kernel or the clean room is prefixed with a small shell that writes its own process id into
 the group, then ``exec``\\ s the real command (:meth:`SubmissionGroup.wrap`). After the phase,
-:meth:`SubmissionGroup.close` kills whatever is still in the group and removes it.
+:meth:`SubmissionGroup.close` kills whatever is still in the group and removes it. The grader
+makes one group per phase of grading a notebook, with the caps it was configured with
+(:mod:`distlab.grade.submission_caps`).
 """
 
 from __future__ import annotations
@@ -43,9 +45,6 @@ import signal
 import threading
 import time
 from pathlib import Path
-
-from traitlets import Integer
-from traitlets.config import Configurable
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "distlab-grade"
@@ -80,7 +79,9 @@ def _v1_roots() -> dict[str, Path] | None:
     delegated = _delegated()
     if delegated:
         by_controller = {name: d for d in delegated for name, marker in _V1_MARKER.items() if (d / marker).exists()}
-        return {name: by_controller[name] for name in V1_CONTROLLERS} if set(by_controller) == set(V1_CONTROLLERS) else None
+        if set(by_controller) != set(V1_CONTROLLERS):
+            return None
+        return {name: by_controller[name] for name in V1_CONTROLLERS}
     own = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
@@ -344,73 +345,3 @@ class SubmissionGroup:
             except OSError:
                 pass
         self.folders = []
-
-
-# -- in the grader ----------------------------------------------------------------------------------
-
-VARIABLE = "DISTLAB_GRADE_CGROUP"
-"""Names the current submission's group folders (``os.pathsep``-separated) to the kernel manager,
-which nbclient creates where :class:`phase` cannot hand it the group directly."""
-
-_said_unavailable = False
-
-
-class SubmissionCaps(Configurable):
-    """The caps on one submission's processes together (``SubmissionCaps.memory_mb=...`` in
-    ``grader/nbgrader_config.py`` or on the command line)."""
-
-    memory_mb = Integer(8192, help="Memory a submission's processes may hold together: its kernel or its "
-                                   "clean room, and all their ranks (MiB)").tag(config=True)
-    tasks = Integer(1024, help="Processes and threads a submission's processes may have together "
-                               "(torch starts a few dozen threads per rank)").tag(config=True)
-    cpu_s = Integer(1800, help="CPU seconds a submission's processes may use together in one phase (its kernel "
-                               "and its ranks; its clean room and its ranks): past it all of them are ended. An "
-                               "honest chapter-0 kernel uses about 2 with its ranks, its clean room about 4"
-                    ).tag(config=True)
-
-
-@contextlib.contextmanager
-def phase(preprocessor, resources: dict, what: str):
-    """A :class:`SubmissionGroup` for one phase of grading a notebook (``"kernel"``, ``"clean
-    room"``), with the caps configured for ``preprocessor``; ``None`` where no group can be
-    made (said once in the log). Its folders are in :data:`VARIABLE` meanwhile."""
-    global _said_unavailable
-    caps = SubmissionCaps(parent=preprocessor)
-    why_not = available()
-    if why_not is not None:
-        if not _said_unavailable:
-            preprocessor.log.warning("No cap on a submission's processes together (%s): each process "
-                                     "keeps its own caps", why_not)
-            _said_unavailable = True
-        yield None
-        return
-    info = resources.get("nbgrader", {})
-    label = f"{info.get('student', '')}-{info.get('notebook', '')}-{what.replace(' ', '-')}"
-    with SubmissionGroup(label, caps.memory_mb, caps.tasks, caps.cpu_s) as group:
-        os.environ[VARIABLE] = os.pathsep.join(map(str, group.folders))
-        try:
-            yield group
-        finally:
-            os.environ.pop(VARIABLE, None)
-            peak = group.memory_peak_mb()
-            if peak is not None:
-                preprocessor.log.info("The %s and its ranks held at most %.0f MiB at once (cap: %d MiB)",
-                                      what, peak, caps.memory_mb)
-            used = group.cpu_seconds()
-            if used is not None:
-                preprocessor.log.info("The %s and its ranks used %.1f CPU-s (cap: %d)", what, used, caps.cpu_s)
-            if group.cpu_cap_reached:
-                preprocessor.log.warning("The %s of this submission reached its CPU cap (%d CPU-s for all its "
-                                         "processes together): the grader ended them", what, caps.cpu_s)
-            kills = group.out_of_memory_kills()
-            if kills:
-                preprocessor.log.warning("The %s of this submission reached its memory cap (%d MiB for all "
-                                         "its processes together): the system ended %d of them", what,
-                                         caps.memory_mb, kills)
-
-
-def wrap_for_current(argv: list[str]) -> list[str]:
-    """``argv`` started inside the group :func:`phase` made (as :meth:`SubmissionGroup.wrap`), or
-    unchanged outside a phase."""
-    folders = os.environ.get(VARIABLE)
-    return joined([Path(f) for f in folders.split(os.pathsep)], argv) if folders else argv

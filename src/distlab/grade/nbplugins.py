@@ -37,7 +37,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
 from traitlets import Integer, List, Unicode
 
-from distlab.grade import bubblewrap, cgroups, config, limits, pipes
+from distlab.grade import bubblewrap, config, limits, pipes, submission_caps
 from distlab.runtime import processes
 
 
@@ -75,13 +75,14 @@ class GradingKernelManager(AsyncKernelManager):
     def format_kernel_cmd(self, extra_arguments=None):
         argv = [sys.executable, "-m", "distlab.grade.kernel", "-f", self.connection_file] + list(extra_arguments or [])
         if not self.sandboxed:
-            return cgroups.wrap_for_current(argv)
+            return submission_caps.wrap_for_current(argv)
         for folder in (self.sockets_folder, self.kernel_cwd):
             bubblewrap.hand_over(folder)
         # JPY_PARENT_PID=1: no parent polling (inside, the parent is the sandbox's init; bwrap's
         # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
-        return cgroups.wrap_for_current(bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd],
-                                                           cwd=self.kernel_cwd, env={"JPY_PARENT_PID": "1"}))
+        sandboxed = bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
+                                       env={"JPY_PARENT_PID": "1"})
+        return submission_caps.wrap_for_current(sandboxed)
 
     async def interrupt_kernel(self):
         if not self.sandboxed:
@@ -127,10 +128,9 @@ class KernelExecute(Execute):
             })
             resources["metadata"]["path"] = folder   # where nbclient starts the kernel
             try:
-                with cgroups.phase(self, resources, "kernel") as self._group:   # caps on the kernel and its ranks together
+                with submission_caps.phase(self, resources, "kernel") as self._group:   # on it and its ranks
                     return super().preprocess(nb, resources, km=km)
             finally:
-                self._group = None
                 resources["metadata"]["path"] = graded
                 os.environ.pop("DISTLAB_GRADE_KERNEL", None)
                 limits.kill_descendants()   # before the folder goes: nothing still writes there
@@ -147,10 +147,8 @@ class KernelExecute(Execute):
             # cap, builtins replaced so the kernel cannot even reply...). The cells after it
             # cannot run there; the tests never did: the clean room runs them.
             self._kernel_died = True
-            what = "died" if isinstance(exc, DeadKernelError) else f"stopped responding ({type(exc).__name__})"
-            if self._group is not None and self._group.cpu_cap_reached:
-                what = (f"was ended for using more than this submission's CPU budget "
-                        f"({self._group.cpu_s} CPU-seconds with its ranks)")
+            what = submission_caps.why_ended(self._group) or (
+                "died" if isinstance(exc, DeadKernelError) else f"stopped responding ({type(exc).__name__})")
             self.log.warning("The kernel %s in cell %d: %s", what, index, exc)
             cell.outputs = [NotebookNode({"output_type": "error", "ename": type(exc).__name__,
                                           "evalue": f"the kernel {what} while running this cell",
@@ -195,11 +193,9 @@ class CleanRoomTests(NbGraderPreprocessor):
         job = {"cells": cells, "trusted_cells": trusted, "test_cells": tests, "caps": self.caps(),
                "protected": config.protected_paths(), "forbidden": forbidden,
                "test_timeout": self.test_timeout_s}
-        with cgroups.phase(self, resources, "clean room") as group:   # caps on the clean room and its ranks together
+        with submission_caps.phase(self, resources, "clean room") as group:   # on the clean room and its ranks
             verdicts, problem = self.run_clean_room(job, len(tests))
-        if group is not None and group.cpu_cap_reached:
-            problem = (f"the tests' ranks used more than this submission's CPU budget ({group.cpu_s} CPU-seconds "
-                       f"for the clean room and its ranks together), so the grader ended them")
+        problem = f"the clean room {why}" if (why := submission_caps.why_ended(group)) else problem
         for cell in nb.cells:
             if not is_test_cell(cell):
                 continue
@@ -233,7 +229,7 @@ class CleanRoomTests(NbGraderPreprocessor):
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
                 argv = bubblewrap.command(argv, writable=[room], cwd=room)
-            argv = cgroups.wrap_for_current(argv)
+            argv = submission_caps.wrap_for_current(argv)
             try:
                 proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
                                         pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)
