@@ -25,8 +25,8 @@ systems, and this project's test machine) has one tree per controller
 a group needs the right to write there: root has it; another account has it only where the
 system delegated a part of the tree to it. Root delegates with :func:`delegate` (a group of
 its own, owned by the grading account) and tells the grader where it is in
-``DISTLAB_GRADE_CGROUP_PARENTS``; the demo hub does this for its instructor account. Where no group can be made, grading goes on with the
-per-process caps alone and says so once in its log.
+``DISTLAB_GRADE_CGROUP_PARENTS``; the demo hub does this for its instructor account. Where no
+group can be made, grading goes on with the per-process caps alone and says so once in its log.
 
 A process enters the group before it runs anything of the student's: the command that starts
 the kernel or the clean room is prefixed with a small shell that writes its own process id into
