@@ -1,10 +1,10 @@
-"""The registry of chapters (src/distlab/chapters.py) against the disk and the hand-written places.
+"""The registry of chapters (src/distlab/chapters.py) against the disk and the places that list chapters.
 
-Adding a chapter is one registry entry (``python -m distlab.grade new-chapter`` writes it, and
-the chapter's row in each of the three places below, from the entry): these tests fail when a
-chapter's folders exist without an entry, when an entry points at nothing, and when the chapter
-map of ``distlab/__init__.py``, the README's table or the reading path of ``book/intro.md``
-leaves a registered chapter out.
+Adding a chapter is one registry entry and its ``_toc.yml`` line (``python -m distlab.grade
+new-chapter`` writes both): these tests fail when a chapter's folders exist without an entry,
+when an entry points at nothing, and when the chapter map of ``distlab/__init__.py``, the
+README's table or the reading path of ``book/intro.md`` is not the text
+``python -m distlab.grade chapter-rows --write`` makes from the registry.
 """
 
 from __future__ import annotations
@@ -12,16 +12,19 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import shutil
 from pathlib import Path
 
 import yaml
 
 import distlab
 from distlab import chapters
+from distlab.grade import chapter_rows
 from distlab.runtime import isolation
 
 REPO = Path(__file__).resolve().parent.parent
 SLUG = re.compile(r"^\d\d-[a-z0-9-]+$")
+SAMPLE_PACKAGE = "distlab." + "sample"   # a chapter that does not exist (split: the dotted-name check reads this file)
 
 
 def toc_files() -> set[str]:
@@ -84,24 +87,100 @@ def test_the_warm_ranks_preload_every_chapter_package():
         assert package in isolation.PRELOADED, f"{package} is not preloaded on warm ranks"
 
 
-def test_the_chapter_map_and_the_readme_name_every_chapter():
-    """Prose, checked against the registry: a row per chapter, starting with its number and
-    naming its package. new-chapter writes a new chapter's row; its author refines the wording."""
-    rows = {"src/distlab/__init__.py chapter map": re.findall(r"^(\d+) {2,}(.*?)$", distlab.__doc__, re.M),
-            "README.md chapter table": re.findall(r"^\| (\d+) ([^|]*\|[^|]*)\|", (REPO / "README.md").read_text(), re.M)}
-    for where, found in rows.items():
-        by_number = {int(number): text for number, text in found}
-        for chapter in chapters.CHAPTERS:
-            assert chapter.number in by_number, f"the {where} has no row for chapter {chapter.number} ({chapter.slug})"
-            if chapter.package:
-                assert chapter.package in by_number[chapter.number], (
-                    f"the {where}'s row for chapter {chapter.number} does not name {chapter.package}")
+def test_the_three_lists_of_chapters_are_what_the_registry_gives():
+    """The chapter map of distlab/__init__.py, the README's table and the reading path of
+    book/intro.md are written from the registry (distlab.grade.chapter_rows): nobody keeps them."""
+    stale = chapter_rows.stale(REPO)
+    assert not stale, f"{stale} differ from src/distlab/chapters.py: run {chapter_rows.COMMAND}"
 
 
-def test_the_reading_path_of_the_intro_links_every_chapter():
-    """Prose too: an item per chapter linking its opening page (new-chapter writes a new chapter's)."""
-    text = (REPO / "book" / "intro.md").read_text()
-    path = text.split("## The path through the book", 1)[1].split("\n## ", 1)[0]
+def test_each_list_has_a_row_per_chapter_with_its_number_title_package_and_page():
+    """What the generator writes, read back from the files as a reader meets them."""
+    map_rows = dict(re.findall(r"^(\d+) {2,}(.*?)$", distlab.__doc__, re.M))
+    readme_rows = dict(re.findall(r"^\| (\d+) ([^|]*\|[^|]*)\|", (REPO / "README.md").read_text(), re.M))
+    path = (REPO / "book" / "intro.md").read_text().split("## The path through the book", 1)[1].split("\n## ", 1)[0]
+    items = dict(re.findall(r"^(\d+)\. (.*)$", path, re.M))
     for chapter in chapters.CHAPTERS:
+        number, package = str(chapter.number), chapter_rows.package_of(chapter)
+        assert chapter.about and chapter.uses, f"{chapter.slug}: its entry needs about= and uses="
+        assert map_rows.get(number, "").startswith(chapter.title + "  ") and f":mod:`{package}`" in map_rows[number]
+        assert readme_rows.get(number, "").startswith(f"{chapter.title} | `{package}` ")
         target = chapter.page.removeprefix("book/") + ".md"
-        assert f"]({target})" in path, f"book/intro.md's reading path does not link {target} ({chapter.title})"
+        assert items.get(number, "").startswith(f"**[{chapter.title}]({target})**: "), (number, items)
+    assert len(items) == len(map_rows) == len(readme_rows) == len(chapters.CHAPTERS)
+
+
+def test_every_name_a_chapter_says_it_uses_exists():
+    """``uses`` names its package's modules and what is in them, in backquotes: each resolves,
+    as ``package.name``, as a dotted name of its own, or inside a name it follows (``overlap``
+    (``OverlappedDDP``, ``no_sync``): the class in the module, the method in the class)."""
+    from test_package import resolves
+
+    for chapter in chapters.CHAPTERS:
+        package, found = chapter_rows.package_of(chapter), []
+        for name in re.findall(r"`([^`]+)`", chapter.uses):
+            if name.startswith("%"):
+                continue
+            places = [f"{package}.{name}", name, *(f"{earlier}.{name}" for earlier in reversed(found))]
+            resolved = [place for place in places if resolves(place)]
+            assert resolved, f"{chapter.slug}: uses `{name}`, which is none of {places}"
+            found.append(resolved[0])
+
+
+def copy_of_the_places(target: Path) -> Path:
+    for name in (*chapter_rows.PLACES, "src/distlab/chapters.py"):
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target / name)
+    return target
+
+
+def test_a_new_entry_changes_the_generated_rows_and_nothing_else(tmp_path):
+    repo = copy_of_the_places(tmp_path)
+    before = {name: (repo / name).read_text() for name in chapter_rows.PLACES}
+    new = chapters.Chapter("08-sample", "MoE Routing and Context Parallelism, a long title", SAMPLE_PACKAGE,
+                           (SAMPLE_PACKAGE + ".reference:f",), "book/08-sample/index",
+                           about="a sentence about the chapter.", uses="`reference` (`f`)")
+    assert chapter_rows.write(repo, (*chapters.CHAPTERS, new)) == list(chapter_rows.PLACES)
+    assert chapter_rows.stale(repo, (*chapters.CHAPTERS, new)) == []
+    for name in chapter_rows.PLACES:
+        added, removed = diff_lines(before[name], (repo / name).read_text())
+        words = " ".join(" ".join(added).split())   # the map wraps a long title within its column
+        assert new.title in words or all(w in words for w in new.title.split()), (name, added)
+        if name != chapter_rows.MAP:   # the map's columns widen for the long title: its rows move
+            assert not removed, (name, removed)
+    readme = (repo / "README.md").read_text()
+    assert f"| 8 {new.title} | `{SAMPLE_PACKAGE}` | `reference` (`f`) |" in readme
+    assert "8. **[MoE Routing and Context Parallelism, a long title](08-sample/index.md)**: a sentence" in (
+        repo / "book/intro.md").read_text()
+    table = (repo / chapter_rows.MAP).read_text().split('"""')[1]
+    assert all(len(line) <= chapter_rows.MAP_WIDTH for line in table.splitlines()), "a line past the docstring's width"
+    header = next(line for line in table.splitlines() if line.startswith("ch. "))
+    row = next(line for line in table.splitlines() if line.startswith("8 "))
+    assert row.index(":mod:") == header.index("package"), "the new row is not aligned with the columns"
+    assert row.split("  ")[-1].strip() == "``reference`` (``f``)"
+    outside = [(name, text) for name, text in before.items()]
+    for name, text in outside:   # what is outside the generated bounds stays as it was
+        after = (repo / name).read_text()
+        assert text[:text.index("===" if name == chapter_rows.MAP else "<!--")] == after[:after.index(
+            "===" if name == chapter_rows.MAP else "<!--")]
+
+
+def test_the_command_says_which_place_differs_and_how_to_rewrite_it(tmp_path):
+    repo = copy_of_the_places(tmp_path)
+    readme = repo / "README.md"
+    readme.write_text(readme.read_text().replace("| 1 Data loading |", "| 1 data loading |"))
+    said = []
+    assert chapter_rows.command(repo, False, said.append) == 1
+    assert "README.md" in said[-1] and chapter_rows.COMMAND in said[-1], said
+    assert chapter_rows.command(repo, True, said.append) == 0 and chapter_rows.stale(repo) == []
+    readme.write_text(readme.read_text().replace(chapter_rows.END, "the end"))
+    assert chapter_rows.command(repo, False, said.append) == 2 and "README.md: no generated chapter list" in said[-1]
+
+
+def diff_lines(old: str, new: str) -> tuple[list[str], list[str]]:
+    import difflib
+
+    added, removed = [], []
+    for line in difflib.ndiff(old.splitlines(), new.splitlines()):
+        (added if line.startswith("+ ") else removed if line.startswith("- ") else []).append(line[2:])
+    return added, removed

@@ -27,7 +27,7 @@ import pytest
 from process_support import run_in_own_group
 
 from distlab import chapters
-from distlab.grade import exercise, new_chapter, new_chapter_rows
+from distlab.grade import chapter_rows, exercise, new_chapter
 
 REPO = Path(__file__).resolve().parent.parent
 TITLE = "A sample chapter"
@@ -50,10 +50,11 @@ GATES = [  # per-chapter checks of the other test files, for the new chapter alo
     "tests/test_package.py::test_the_warm_ranks_preload_every_module_of_the_reference_packages",
     "tests/test_chapters.py",
 ]
-NAMED = {"test_the_chapter_map_and_the_readme_name_every_chapter", "test_the_reading_path_of_the_intro_links_every_chapter"}
-"""The checks of the three places that name every chapter in prose: the command writes the new chapter's rows."""
-ABOUT = "adding up a value that every rank holds a part of, with one all-reduce."
-"""The first line of the new package's docstring, after "Chapter N (Title):": the reading path's description."""
+NAMED = {"test_the_three_lists_of_chapters_are_what_the_registry_gives",
+         "test_each_list_has_a_row_per_chapter_with_its_number_title_package_and_page"}
+"""The checks of the three places that list every chapter: the command writes them from the registry."""
+ABOUT = "a worked sample of a chapter, before its author replaces it with the chapter's own."
+"""What the chapter is about, given with --about: the reading path's description."""
 
 
 def copy_of_the_working_tree(target: Path) -> Path:
@@ -92,39 +93,27 @@ def diff(old: bytes, new: bytes) -> tuple[list[str], list[str], int]:
     return added, removed, first
 
 
-def assert_only_the_chapters_rows_were_added(before: dict, after: dict, number: int, slug: str, package: str):
-    """Each file the command changed gains the new chapter's lines and nothing else (the reading
-    path's items below the new one move down by one), placed after the last chapter's."""
+def assert_only_the_registry_and_the_toc_were_kept_by_hand(repo: Path, before: dict, after: dict, number: int,
+                                                         slug: str, package: str):
+    """Outside the chapter's own folders the command changed the registry and _toc.yml, each by
+    the new chapter's lines alone, and the three lists of chapters, which are now exactly what
+    ``chapter-rows`` writes from the new registry (no hand-kept row anywhere)."""
     changes = {name: diff(before[name], after[name]) for name in before if after.get(name) != before[name]}
-    assert set(changes) == {"src/distlab/chapters.py", "_toc.yml", new_chapter_rows.MAP, new_chapter_rows.README,
-                            new_chapter_rows.INTRO}, sorted(changes)
+    assert set(changes) == {"src/distlab/chapters.py", "_toc.yml", *chapter_rows.PLACES}, sorted(changes)
     assert not any("TODO" in line for added, _, _ in changes.values() for line in added)
     added, removed, _ = changes["src/distlab/chapters.py"]
-    assert not removed and len(added) == 2 and f'"{slug}", "{TITLE}", "{package}"' in added[0], added
+    assert not removed and f'"{slug}", "{TITLE}", "{package}"' in added[0], added
+    assert f"about={json.dumps(ABOUT)}," in "\n".join(added), added
     assert changes["_toc.yml"][:2] == ([f"      - file: book/{slug}/index"], []), changes["_toc.yml"]
+    assert chapter_rows.stale(repo, chapter_rows.load(repo)) == [], "the lists are not what the registry gives"
 
-    added, removed, at = changes[new_chapter_rows.MAP]
-    lines = after[new_chapter_rows.MAP].decode().splitlines()
-    assert not removed and re.match(rf"{number} {{2,}}a sample chapter {{2,}}:mod:`{package}` {{2,}}``reference.sum_of_squares``$",
-                                    added[0]), added
-    assert all(line.startswith(" ") for line in added[1:]) and new_chapter_rows.BORDER.match(lines[at + len(added)]), added
-    assert lines[at - 1].startswith(f"{number - 1} ") or lines[at - 1].startswith(" "), lines[at - 1]
-    above = next(line for line in reversed(lines[:at]) if re.match(r"\d+ ", line))
-    assert added[0].index(":mod:") == above.index(":mod:"), "the row is not aligned with the chapter map's columns"
-
-    added, removed, at = changes[new_chapter_rows.README]
-    lines = after[new_chapter_rows.README].decode().splitlines()
-    assert not removed and added == [f"| {number} a sample chapter | `{package}` | `reference` (`sum_of_squares`) |"], added
-    assert lines[at - 1].startswith(f"| {number - 1} "), lines[at - 1]
-
-    added, removed, at = changes[new_chapter_rows.INTRO]
-    previous = re.findall(r"^(\d+)\. .*\]\(" + re.escape(chapters.CHAPTERS[-1].page.removeprefix("book/")) + r"\.md\)",
-                          before[new_chapter_rows.INTRO].decode(), re.M)
-    assert len(previous) == 1, "the reading path's item for the last chapter"
-    item, moved = added[:len(added) - len(removed)], added[len(added) - len(removed):]
-    expected = f"{int(previous[0]) + 1}. **[{TITLE}]({slug}/index.md)**: {ABOUT}"
-    assert " ".join(item).split() == expected.split(), item
-    assert moved == [re.sub(r"^(\d+)\.", lambda m: f"{int(m.group(1)) + 1}.", line) for line in removed], (removed, moved)
+    added, removed, _ = changes[chapter_rows.README]
+    assert not removed and added == [f"| {number} {TITLE} | `{package}` | `reference` (`sum_of_squares`) |"], added
+    added, removed, _ = changes[chapter_rows.INTRO]
+    assert not removed and " ".join(" ".join(added).split()) == f"{number}. **[{TITLE}]({slug}/index.md)**: {ABOUT}"
+    added, _, _ = changes[chapter_rows.MAP]
+    row = next(line for line in added if line.startswith(f"{number} "))
+    assert re.match(rf"{number} +{TITLE} +:mod:`{package}` +``reference`` \(``sum_of_squares``\)$", row), row
 
 
 @pytest.mark.slow
@@ -147,17 +136,19 @@ def test_a_new_chapter_releases_and_passes_its_gates_before_anyone_edits_it(tmp_
 
     try:
         before = files_of(repo)
-        made = step("new-chapter", [sys.executable, "-m", "distlab.grade", "new-chapter", slug, TITLE], 120)
+        made = step("new-chapter", [sys.executable, "-m", "distlab.grade", "new-chapter", slug, TITLE,
+                                    "--about", ABOUT], 120)
         assert made.returncode == 0, made.stdout + made.stderr
         assert "make test-chapter CHAPTER=" + slug in made.stdout
         after = files_of(repo)
         added = set(after) - set(before)
-        assert_only_the_chapters_rows_were_added(before, after, number, slug, package)
+        assert_only_the_registry_and_the_toc_were_kept_by_hand(repo, before, after, number, slug, package)
         assert added == {f"book/{slug}/index.md", f"solutions/{slug}/{slug}.ipynb", f"tests/test_chapter{number:02d}.py",
                          "src/distlab/sample_chapter/__init__.py", "src/distlab/sample_chapter/reference.py"}, added
         assert not (REPO / "solutions" / slug).exists(), "the command wrote into the working tree, not the copy"
         assert f'"{slug}", "{TITLE}", "{package}"' in (repo / "src" / "distlab" / "chapters.py").read_text()
-        again = step("new-chapter again", [sys.executable, "-m", "distlab.grade", "new-chapter", slug, TITLE], 120)
+        again = step("new-chapter again", [sys.executable, "-m", "distlab.grade", "new-chapter", slug, TITLE,
+                                           "--about", ABOUT], 120)
         assert again.returncode == 2 and "exists already" in again.stdout, again.stdout
 
         notebook = json.loads((repo / "solutions" / slug / f"{slug}.ipynb").read_text())
@@ -209,27 +200,27 @@ def test_new_chapter_refuses_a_malformed_slug_or_package_and_a_chapter_that_exis
         refusals[(f"{chapters.CHAPTERS[-1].number - 1:02d}-x", None)] = "exists already"
     for (slug, package), reason in refusals.items():
         with pytest.raises(ValueError, match=re.escape(reason)):
-            new_chapter.make(REPO, slug, TITLE, package)
+            new_chapter.make(REPO, slug, TITLE, ABOUT, package)
     assert new_chapter.package_for("08-context-parallel") == "distlab." + "context_parallel"
 
 
 def test_new_chapter_refuses_before_writing_anything_a_chapter_it_cannot_place(tmp_path):
-    """Where one of the three places has no row for the last chapter to put the new one after."""
-    last = chapters.CHAPTERS[-1]
-    places = ["src/distlab/chapters.py", "_toc.yml", "_config.yml", new_chapter_rows.MAP, new_chapter_rows.README,
-              new_chapter_rows.INTRO]
-    without_the_last_row = {
-        new_chapter_rows.MAP: lambda text: re.sub(rf"(?m)^{last.number} {{2,}}.*\n", "", text),
-        new_chapter_rows.README: lambda text: re.sub(rf"(?m)^\| {last.number} .*\n", "", text),
-        new_chapter_rows.INTRO: lambda text: text.replace(f"]({last.page.removeprefix('book/')}.md)", "](elsewhere.md)")}
-    for broken, edit in without_the_last_row.items():
+    """Where one of the three lists of chapters has lost its bounds, or no description is given."""
+    places = ["src/distlab/chapters.py", "_toc.yml", "_config.yml", *chapter_rows.PLACES]
+    without_bounds = {
+        chapter_rows.MAP: lambda text: text.replace("===", "---"),
+        chapter_rows.README: lambda text: text.replace(chapter_rows.END, ""),
+        chapter_rows.INTRO: lambda text: chapter_rows.BEGIN.sub("", text)}
+    slug = f"{chapters.CHAPTERS[-1].number + 1:02d}-sample-chapter"
+    for broken, edit in without_bounds.items():
         repo = tmp_path / broken.replace("/", "_")
         for name in places:
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, repo / name)
         (repo / broken).write_text(edit((repo / broken).read_text()))
         before = files_of(repo)
-        slug = f"{last.number + 1:02d}-sample-chapter"
-        with pytest.raises(ValueError, match=re.escape(broken) + ".*cannot place chapter"):
-            new_chapter.make(repo, slug, TITLE)
+        with pytest.raises(ValueError, match=re.escape(broken) + ": no"):
+            new_chapter.make(repo, slug, TITLE, ABOUT)
         assert files_of(repo) == before, f"{broken}: the command wrote something before it refused"
+    with pytest.raises(ValueError, match="--about"):
+        new_chapter.make(tmp_path / chapter_rows.README.replace("/", "_"), slug, TITLE, "  ")

@@ -3,29 +3,35 @@
 The package follows the book. Each chapter's reference code is one package; the pages import
 it to make their figures, and the grader uses it as the reference:
 
-=====  ==========================  =============================  ==================================================
-ch.    topic                       package                        what its pages and exercise use
-=====  ==========================  =============================  ==================================================
-0      first steps                 :mod:`distlab.runtime`         ``run``, ``Pool``, ``%%distributed``, ``RankError``
-1      data loading                :mod:`distlab.data`            ``corpus_dataset``, ``sharding.DistributedSampler``,
-                                                                  the three strategies, ``measure``
-2      collectives                 :mod:`distlab.collectives`     ``all_reduce.ring_all_reduce`` (reduce-scatter +
-                                                                  all-gather), ``faster_ring`` (no temporaries,
-                                                                  segments), ``cost_model`` (α-β)
-3      data parallelism            :mod:`distlab.data_parallel`   ``naive``, ``buckets``, ``overlap.OverlappedDDP``,
-                                                                  ``no_sync`` and accumulation
-4      ZeRO and FSDP               :mod:`distlab.zero`            ``optimizer.ShardedOptimizer`` (ZeRO-1/2),
-                                                                  ``fully_shard.FullyShardedModel`` (ZeRO-3),
-                                                                  ``theory``, ``checkpointing``
-5      tensor parallelism          :mod:`distlab.tensor_parallel` ``regions`` (f and g), ``layers``, ``model``
-                                                                  (Megatron GPT, sequence parallel), ``dtensor``,
-                                                                  ``experts``
-6      pipeline parallelism        :mod:`distlab.pipeline_parallel`  ``stages``, ``schedules`` (GPipe, 1F1B,
-                                                                  interleaved, ZB-H1), ``simulate``,
-                                                                  ``measured_model``, ``executor``
-7      3D parallelism              :mod:`distlab.parallel3d`      ``mesh.Grid`` (the rank grid), ``train``,
-                                                                  ``planner`` (choosing a layout)
-=====  ==========================  =============================  ==================================================
+===  ====================  ================================  =======================================================
+ch.  topic                 package                           what its pages and exercise use
+===  ====================  ================================  =======================================================
+0    First steps           :mod:`distlab.runtime`            ``distlab.run``, ``distlab.Pool``, ``%%distributed``,
+                                                             ``distlab.RankError``; launchers (torchrun, srun,
+                                                             sbatch)
+1    Data loading          :mod:`distlab.data`               ``corpus_dataset``, ``sharding``
+                                                             (``DistributedSampler``, the three strategies),
+                                                             ``measure``
+2    Collectives           :mod:`distlab.collectives`        ``all_reduce`` (naive, tree, ring = reduce-scatter +
+                                                             all-gather), ``faster_ring`` (the ring without
+                                                             temporaries, optionally in pipelined segments),
+                                                             ``cost_model`` (α-β)
+3    Data parallelism      :mod:`distlab.data_parallel`      ``naive``, ``buckets``, ``overlap`` (``OverlappedDDP``,
+                                                             ``no_sync`` and accumulation)
+4    ZeRO and FSDP         :mod:`distlab.zero`               ``theory`` (bytes per stage), ``flat``, ``stages``,
+                                                             ``optimizer`` (``ShardedOptimizer``: ZeRO-1/2),
+                                                             ``fully_shard`` (``FullyShardedModel``: ZeRO-3),
+                                                             ``checkpointing``
+5    Tensor parallelism    :mod:`distlab.tensor_parallel`    ``regions`` (f and g), ``layers``, ``model`` (Megatron
+                                                             GPT, sequence parallel), ``dtensor``, ``experts``
+6    Pipeline parallelism  :mod:`distlab.pipeline_parallel`  ``stages``, ``schedules`` (GPipe, 1F1B, interleaved,
+                                                             ZB-H1), ``timeline`` (simulate, bubble),
+                                                             ``measured_model`` (the bubble with message costs),
+                                                             ``executor``, ``training``
+7    3D parallelism        :mod:`distlab.parallel3d`         ``mesh`` (``Grid``, the rank grid), ``train``,
+                                                             ``torch_train``, ``planner`` (choosing a layout),
+                                                             ``recommend``
+===  ====================  ================================  =======================================================
 
 Shared by every chapter: :mod:`distlab.models` (the tiny GPT and MLP, and the single-process
 reference), :mod:`distlab.tools` (the communication recorder, timelines, memory counting),

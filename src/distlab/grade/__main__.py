@@ -19,7 +19,8 @@ and in both cases:
 
 and to write the course:
 
-    new-chapter SLUG "Title"            a new chapter's page, package, exercise, tests, registry entry and rows
+    new-chapter SLUG "Title" --about TEXT   a new chapter: page, package, exercise, tests, registry entry
+    chapter-rows [--write]              the chapter map, README table and reading path, from the registry
 
 and to publish (the site, the launch links, a public repository; distlab.grade.edition):
 
@@ -254,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("new-chapter", help="a new chapter: page, package, exercise, tests, registry entry")
     p.add_argument("slug", help="NN-name, e.g. 08-context-parallel")
     p.add_argument("title")
+    p.add_argument("--about", required=True, help="one sentence: what the chapter is about (the reading path's)")
     p.add_argument("--package", help="its reference package (default: distlab.<name>)")
+    p = sub.add_parser("chapter-rows", help="check (or --write) the three lists of chapters against the registry")
+    p.add_argument("--write", action="store_true", help="rewrite the places that differ")
     p = sub.add_parser("class", help="collect, autograde, feedback, export")
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
@@ -271,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "student-edition":  # needs no gradebook
         from distlab.grade import edition
         return edition.command(args.dest, args.commit, config.repo_root(), say)
+    if args.command == "chapter-rows":
+        from distlab.grade import chapter_rows
+        return chapter_rows.command(config.repo_root(), args.write, say)
     if args.command == "new-chapter":
         from distlab.grade import new_chapter
-        return new_chapter.command(args.slug, args.title, args.package, say)
+        return new_chapter.command(args.slug, args.title, args.about, args.package, say)
     if not database_answers(args.command):
         return 1
     if args.command == "release":

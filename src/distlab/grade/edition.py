@@ -33,7 +33,7 @@ from pathlib import Path
 
 INSTRUCTOR_ONLY = ("solutions", "grader", "tests", ".ci", "benchmarks/autograde.py",
                    "scripts/link_notebooks_to_book.py", "src/distlab/grade/new_chapter.py",
-                   "src/distlab/grade/new_chapter_rows.py", "src/distlab/grade/new_chapter_text.py")
+                   "src/distlab/grade/new_chapter_text.py")
 """Paths the student edition leaves out: the nbgrader source notebooks (solutions, hidden
 tests), the grader's configuration and hostile submissions, the tests (they hold the answers),
 and the instructor's tools that work only with those (CI runs the tests; the grading benchmark

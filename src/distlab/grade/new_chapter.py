@@ -12,26 +12,29 @@ It writes, for ``SLUG = NN-name`` (``--package`` overrides the package's name):
   4, seeded from ``checks.grading_seed()``), one numeric concept question (``concepts-text``, ``concepts-answer``,
   ``concept-a-tests``), and the chapter's package forbidden in the metadata and the setup cell;
 * ``tests/test_chapterNN.py``: the chapter's own tests;
-* the chapter's entry in :mod:`distlab.chapters`;
-* the chapter's row in the three places that name every chapter in prose, which the tests
-  compare with the registry: the chapter map of :mod:`distlab`, the README's table and the
-  reading path of ``book/intro.md`` (:mod:`distlab.grade.new_chapter_rows`).
+* the chapter's entry in :mod:`distlab.chapters`, its title as given (case kept), ``about``
+  the description given with ``--about``, ``uses`` naming the sample's reference;
+
+and then rewrites, from the registry, the three places that list every chapter (the chapter
+map of :mod:`distlab`, the README's table, the reading path of ``book/intro.md``), as
+``python -m distlab.grade chapter-rows --write`` does (:mod:`distlab.grade.chapter_rows`):
+outside the chapter's own folders, the only files an author keeps are the registry and
+``_toc.yml``.
 
 It refuses, before writing anything, a chapter it cannot place. Then it says what is left:
-release, run the chapter's gates, replace the sample and refine the rows' wording. The book's
-instructor's guide, "Adding a chapter", lists every convention the tests enforce.
+release, run the chapter's gates, replace the sample. The book's instructor's guide, "Adding a
+chapter", lists every convention the tests enforce.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
 from pathlib import Path
 from string import Template
 
-from distlab.grade import exercise, new_chapter_rows
+from distlab.grade import chapter_rows, exercise
 from distlab.grade.new_chapter_text import (
     CONCEPT_A_TESTS,
     CONCEPTS_ANSWER,
@@ -58,9 +61,10 @@ def package_for(slug: str) -> str:
     return "distlab." + slug[3:].replace("-", "_")
 
 
-def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = None) -> list[Path]:
+def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: str | None = None) -> list[Path]:
     """Write the chapter's files into the repository ``repo``; return them. Refuses (ValueError)
-    a malformed slug or package, or a chapter whose number, folders or package exist already."""
+    a malformed slug or package, an empty description, or a chapter whose number, folders or
+    package exist already, or that the three lists of chapters cannot take."""
     import yaml
 
     repo = Path(repo)
@@ -68,6 +72,11 @@ def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = N
     short = package.removeprefix("distlab.")
     if not SLUG.match(slug):
         raise ValueError(f"{slug!r}: a slug is NN-name, two digits then lowercase words joined by '-'")
+    about = " ".join(about.split())
+    if not about or "\"" in about:
+        raise ValueError("--about: one sentence on what the chapter is about (no double quotes), e.g. "
+                         "'splitting a long sequence across ranks, and ring attention.'")
+    about = about if about.endswith(".") else about + "."
     if not (package.startswith("distlab.") and short.isidentifier() and short.islower()):
         raise ValueError(f"{package!r}: a chapter's package is distlab.<lowercase name>")
     registry = (repo / "src" / "distlab" / "chapters.py").read_text()
@@ -83,13 +92,13 @@ def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = N
     if taken or (repo / "book" / slug).exists() or (repo / "solutions" / slug).exists():
         raise ValueError(f"{slug}: already there: {taken or [slug]}")
     base = yaml.safe_load((repo / "_config.yml").read_text())["html"]["baseurl"]
-    values = {"slug": slug, "title": title, "number": str(int(slug[:2])), "nn": slug[:2], "package": package,
+    plain = re.sub(r"\{term\}`([^`<]*?)\s*(?:<[^>]*>)?`", r"\1", about)   # the docstring has no MyST roles
+    values = {"about": plain, "slug": slug, "title": title, "number": str(int(slug[:2])), "nn": slug[:2],
+              "package": package,
               "short": short, "chapter_url": f"{base}book/{slug}/index.html"}
     fill = lambda text: Template(text).substitute(values)   # noqa: E731 - one line, used below
     graded = (f"{package}.reference:sum_of_squares",)
-    package_doc = ast.get_docstring(ast.parse(fill(PACKAGE_INIT)))
-    rows = new_chapter_rows.rows(repo, registry, int(slug[:2]), title, package, graded, f"book/{slug}/index",
-                                 package_doc)   # before anything is written: it refuses a chapter it cannot place
+    chapter_rows.generated(repo)   # before anything is written: refuses lists it cannot find
 
     written = []
     for path, text in ((places["page"], PAGE), (places["package"] / "__init__.py", PACKAGE_INIT),
@@ -101,15 +110,16 @@ def make(repo: str | os.PathLike, slug: str, title: str, package: str | None = N
     places["solution"].write_text(json.dumps(notebook(values, fill), indent=1, ensure_ascii=False) + "\n")
     written.append(places["solution"])
 
+    uses = f"`reference` (`{graded[0].partition(':')[2]}`)"
     entry = (f'    Chapter("{slug}", {json.dumps(title)}, "{package}",\n'
-             f'            ("{graded[0]}",), "book/{slug}/index"),\n')
+             f'            ("{graded[0]}",), "book/{slug}/index",\n'
+             f'            about={json.dumps(about, ensure_ascii=False)},\n'
+             f'            uses="{uses}"),\n')
     (repo / "src" / "distlab" / "chapters.py").write_text(registry.replace(MARKER, entry + MARKER, 1))
     written.append(repo / "src" / "distlab" / "chapters.py")
     add_to_toc(repo / "_toc.yml", slug)
     written.append(repo / "_toc.yml")
-    for path, text in rows.items():
-        path.write_text(text)
-        written.append(path)
+    written += [repo / place for place in chapter_rows.write(repo, chapter_rows.load(repo))]
     return written
 
 
@@ -154,13 +164,13 @@ def notebook(values: dict, fill) -> dict:
                          "language_info": {"name": "python"}}}
 
 
-def command(slug: str, title: str, package: str | None, say) -> int:
+def command(slug: str, title: str, about: str, package: str | None, say) -> int:
     """``new-chapter``: make the chapter in this repository, say what it wrote and what is left."""
     from distlab.grade import config
 
     repo = config.repo_root()
     try:
-        written = make(repo, slug, title, package)
+        written = make(repo, slug, title, about, package)
     except ValueError as error:
         say(f"new-chapter: {error}")
         return 2
@@ -175,8 +185,6 @@ def next_steps(slug: str, package: str) -> str:
   1. python -m distlab.grade release {slug}      # writes notebooks/{slug}/ (commit it with solutions/)
   2. make test-chapter CHAPTER={slug}             # the chapter's gates, grading included
   3. replace the sample task, question and reference with the chapter's own, keeping the
-     cell ids, and update the registry entry's graded references
-  4. refine the wording of the chapter's rows written above, from the registry entry and the
-     first line of {package}'s docstring: the chapter map of src/distlab/__init__.py, the
-     README's table and the reading path of book/intro.md (keep the number, the package, the link)"""
+     cell ids, and update the registry entry (graded references, about, uses of {package})
+  4. after changing the entry: python -m distlab.grade chapter-rows --write   # the three lists of chapters"""
 

@@ -1,7 +1,8 @@
 """The files ``python -m distlab.grade new-chapter`` writes, as templates (:mod:`distlab.grade.new_chapter`).
 
-``$slug``, ``$title``, ``$number`` (no leading zero), ``$nn``, ``$package``, ``$short`` (the
-package's folder), ``$chapter_url`` (its published page) are filled in. The
+``$slug``, ``$title``, ``$about`` (the chapter's description, without MyST roles), ``$number``
+(no leading zero), ``$nn``, ``$package``, ``$short`` (the package's folder), ``$chapter_url``
+(its published page) are filled in. The
 sample is deliberately small: one reference function that adds up the squares of every
 rank's tensor with one all-reduce, one task that asks for it, and one numeric question about
 what it adds up. It follows every convention the tests check, so a chapter starts
@@ -57,17 +58,18 @@ course has set up its hub, a launch button that opens the notebook there
 ({doc}`/book/getting-started/how-to-use` explains both).
 '''
 
-PACKAGE_INIT = '''"""Chapter $number ($title): adding up a value that every rank holds a part of, with one all-reduce.
+PACKAGE_INIT = '''"""Chapter $number ($title): $about
 
-The reference code the chapter's pages and its exercise use:
+The reference code the chapter's pages and its exercise use (the sample, for now):
 
 * :func:`$package.reference.sum_of_squares`: the sum over all ranks of every element squared,
   with one all-reduce of one number.
 
 Made by ``python -m distlab.grade new-chapter`` as a start: replace the sample with the
 chapter's reference code, one idea per module, readable (students read this package), and
-keep the chapter's entry in :mod:`distlab.chapters` up to date. The first line above, after
-the chapter's name, is where the reading path of ``book/intro.md`` got the chapter's description.
+keep the chapter's entry in :mod:`distlab.chapters` up to date (its ``uses`` names what the
+chapter map and the README's table show of this package; then
+``python -m distlab.grade chapter-rows --write``).
 """
 '''
 
