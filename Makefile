@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # This machine's pip configuration prints a harmless warning per package; keep the log readable.
 QUIET_PIP := grep -v '^WARNING: Location' || true
 
-.PHONY: venv system-deps lint test test-fast test-repeat test-chapter book bench clean hub hub-clean
+.PHONY: venv system-deps lint test test-fast test-repeat test-chapter page book bench clean hub hub-clean
 
 venv: $(STAMP)
 
@@ -75,17 +75,32 @@ test-repeat: $(STAMP) system-deps $(PROXY)
 	done; \
 	echo "$(FILES): $$(( $(N) - failed )) of $(N) runs passed"; test $$failed -eq 0
 
-# One chapter's gates, grading included, in minutes: its own tests (tests/test_chapterNN.py),
-# the release and grading gates of tests/test_grading.py for it alone (DISTLAB_TEST_CHAPTER),
-# every chapter's independent-task grading, and the registry of chapters against the disk
-# (tests/test_chapters.py).   make test-chapter CHAPTER=03-ddp
+# One chapter's gates, grading included, in minutes: every page of the chapter executed and
+# checked as `make page` does; its own tests (tests/test_chapterNN.py); the release and grading
+# gates of tests/test_grading.py and its independent-task grading (tests/test_independent_grading.py)
+# for it alone (DISTLAB_TEST_CHAPTER); the package's checks (tests/test_package.py,
+# tests/test_package_copy.py); and the registry against the disk (tests/test_chapters.py).
+#   make test-chapter CHAPTER=03-ddp
 CHAPTER ?=
 test-chapter: $(STAMP)
 	@test -n "$(CHAPTER)" -a -f "solutions/$(CHAPTER)/$(CHAPTER).ipynb" || { \
 		echo "usage: make test-chapter CHAPTER=<one of: $$(ls solutions | tr '\n' ' ')>"; exit 2; }
 	$(BYTECODE)
+	$(PY) -m distlab.grade page --chapter $(CHAPTER)
 	DISTLAB_TEST_CHAPTER=$(CHAPTER) $(PY) -m pytest -n 2 --dist loadfile tests/test_grading.py \
-		tests/test_independent_grading.py tests/test_chapters.py $(wildcard tests/test_chapter$(shell echo $(CHAPTER) | cut -c1-2).py)
+		$(if $(shell grep -l '"$(CHAPTER)"' tests/test_independent_grading.py),tests/test_independent_grading.py) \
+		tests/test_chapters.py tests/test_package.py tests/test_package_copy.py \
+		$(wildcard tests/test_chapter$(shell echo $(CHAPTER) | cut -c1-2).py)
+
+# One page, executed with the book's settings and its execution cache (a page run here is not run
+# again by `make book`), then checked: glossary links, dotted distlab names, no graded solution or
+# reference shown, outputs without errors or warnings (src/distlab/grade/page_check.py).
+#   make page PAGE=book/03-ddp/buckets.md
+PAGE ?=
+page: $(STAMP)
+	@test -n "$(PAGE)" || { echo "usage: make page PAGE=book/<folder>/<page>.md"; exit 2; }
+	@$(BYTECODE)
+	$(PY) -m distlab.grade page $(PAGE)
 
 # The quick loop: everything but the slow tests (many ranks, timeouts, concurrency).
 test-fast: $(STAMP)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from process_support import run_in_own_group
 
+from distlab.grade import book_checks
+
 REPO = Path(__file__).resolve().parent.parent
 SLUG = "00-first-steps"
 
@@ -210,19 +212,6 @@ def in_plain_sight(line: str, slug: str) -> bool:
     return json.dumps(line)[1:-1] in release_text(slug)
 
 
-def solution_lines(source: str) -> set[int]:
-    """The 1-based line numbers between nbgrader's BEGIN/END SOLUTION markers."""
-    inside, lines = False, set()
-    for number, line in enumerate(source.split("\n"), start=1):
-        if "BEGIN SOLUTION" in line:
-            inside = True
-        elif "END SOLUTION" in line:
-            inside = False
-        elif inside:
-            lines.add(number)
-    return lines
-
-
 def hidden_test_lines(slug: str = SLUG) -> list[str]:
     """Every non-trivial line of hidden-test code in the solution notebook."""
     from distlab.grade.cleanroom import _hidden_lines
@@ -237,18 +226,13 @@ def hidden_test_lines(slug: str = SLUG) -> list[str]:
     return lines
 
 
+solution_lines = book_checks.solution_lines   # the lines between BEGIN/END SOLUTION
+
+
 def graded_solution_tokens() -> list[tuple[str, str, list[str]]]:
     """(chapter, answer grade id, normalised tokens of its solution lines) for every graded answer
-    cell: what tests/near_copy.py compares with the book's listings and with the package."""
-    import near_copy
-
-    found = []
-    for path in sorted((REPO / "solutions").glob("*/*.ipynb")):
-        slug = path.parent.name
-        for grade_id, source in solution_answers(slug).items():
-            if "BEGIN SOLUTION" in source:
-                found.append((slug, grade_id, near_copy.normalised_tokens(source, solution_lines(source))))
-    return found
+    cell: what distlab.grade.near_copy compares with the book's listings and with the package."""
+    return book_checks.graded_solutions(REPO)
 
 
 def fresh_dir(path: Path) -> Path:

@@ -27,12 +27,12 @@ import urllib.request
 from pathlib import Path, PurePosixPath
 
 import grading_support as gs
-import near_copy
 import pytest
 import yaml
 from process_support import run_in_own_group
 
 from distlab import chapters
+from distlab.grade import book_checks, near_copy
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = REPO / "_build" / "html"
@@ -102,115 +102,20 @@ def test_glossary_has_the_terms_of_the_seeds_that_pages_use():
         assert term in entries, f"the glossary has no entry {term!r}"
 
 
-GLOSSARY_VERBS = {"reduce", "overlap", "scatter", "broadcast", "gather", "barrier", "collective", "sharding", "node",
-                  "backend"}
-"""Terms that are also ordinary words ("reduce the cost", "an autograd node"): pages link them
-by hand where they mean the glossary's sense, and the check below leaves them out."""
-_PROTECTED = re.compile(r"\{[a-z:]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\[[^\]]*\]\([^)]*\)|<[^>]*>")
-
-
 def glossary_entries() -> list[list[str]]:
-    """The glossary's entries, each the list of its names (a term and its aliases)."""
-    body = (REPO / "book" / "appendices" / "glossary.md").read_text().split("```{glossary}", 1)[1].split("\n```", 1)[0]
-    entries, current = [], []
-    for line in body.splitlines():
-        if line and not line.startswith((" ", ":")):
-            current.append(line.strip())
-        elif current:
-            entries.append(current)
-            current = []
-    return entries + ([current] if current else [])
-
-
-def prose_lines(text: str) -> list[str]:
-    """The lines of running text: no code, math blocks, headings, tables, directives or definition-list terms."""
-    lines, found, fence, math = text.split("\n"), [], None, False
-    for i, line in enumerate(lines):
-        stripped = line.lstrip()
-        if fence:
-            fence = None if stripped.startswith(fence) else fence
-            continue
-        if opening := re.match(r"(`{3,}|~{3,})", stripped):
-            fence = opening.group(1)
-            continue
-        if stripped.startswith("$$"):
-            math = math if stripped.count("$$") >= 2 and len(stripped) > 2 else not math
-            continue
-        if math or not stripped or stripped.startswith(("#", ":", "|", "<", "(", "---", "+")):
-            continue
-        if i + 1 < len(lines) and lines[i + 1].startswith(": "):
-            continue
-        found.append(_PROTECTED.sub(" ", line))
-    return found
+    return book_checks.glossary_entries(REPO)
 
 
 def test_every_page_links_the_glossary_terms_it_uses():
     """A term a page uses in its running text is a link to the glossary somewhere on that page
     (tools/linking it at its first use is how pages were brought in line)."""
     entries = glossary_entries()
-    names = {name.lower(): {n.lower() for n in entry} for entry in entries for name in entry}
-    spelling = {name.lower(): name for entry in entries for name in entry}
     unlinked = []
     for page in sorted((REPO / "book").rglob("*.md")):
         if page.name == "glossary.md" or page.relative_to(REPO / "book").parts[0].startswith("_"):
             continue
-        text = page.read_text()
-        linked = set()
-        for match in re.finditer(r"\{term\}`([^`<]*?)(?:\s*<([^>]+)>)?`", text):
-            linked |= names.get((match.group(2) or match.group(1)).strip().lower(), set())
-        prose = "\n".join(prose_lines(text.split("\n---", 1)[1] if text.startswith("---") else text))
-        for name in names:
-            if len(name) < 3 or name in linked or name in GLOSSARY_VERBS:
-                continue
-            if re.search(r"(?<![\w\-/.])" + name_pattern(spelling[name]) + r"(?![\w\-])", prose):
-                unlinked.append(f"{page.relative_to(REPO)}: {name!r}")
+        unlinked += [f"{page.relative_to(REPO)}: {name!r}" for name in book_checks.unlinked_terms(page.read_text(), entries)]
     assert not unlinked, "terms used but never linked to the glossary:\n" + "\n".join(unlinked)
-
-
-def name_pattern(name: str) -> str:
-    """A regular expression for a glossary name as prose writes it: its first letter in either
-    case (a term opens a sentence or not), the rest as the glossary spells it where that has
-    capitals ("ZeRO", "DTensor": the word "zero" is not the term), in any case where it has none."""
-    head = f"[{re.escape(name[0].lower())}{re.escape(name[0].upper())}]" if name[:1].isalpha() else re.escape(name[:1])
-    tail = name[1:]
-    return head + (re.escape(tail) if tail != tail.lower() else f"(?i:{re.escape(tail)})")
-
-
-def same_spelling(text: str, name: str, plural: bool = False) -> bool:
-    """``text`` is ``name`` letter for letter, but for the case of each word's first letter
-    ("Rank" and "rank", "Distributed Checkpoint" in a title; not "zero" for "ZeRO", whose
-    other letters differ) and, with ``plural``, a plural ending."""
-    def key(words: str) -> list[str]:
-        return [word[:1].lower() + word[1:] for word in re.split(r"(\s+|-)", " ".join(words.split()))]
-
-    forms = [name]
-    if plural:
-        forms += [name + "s", name + "es"] + ([name[:-1] + "ies"] if name.endswith("y") else [])
-    return any(key(text) == key(form) for form in forms)
-
-
-_TERM = re.compile(r"\{term\}`([^`<]*?)(?:\s*<([^>]+)>)?`")
-
-
-def term_links_spelled_unlike_their_term(text: str, names: list[str]) -> list[str]:
-    """The term links of ``text`` that reach a glossary entry only because Sphinx looks terms
-    up ignoring case: the word "zero" lands on "ZeRO", "ddp" on "DDP". A link's target (the
-    part in angle brackets, or its whole text) must be a glossary name as the glossary spells
-    it, the first letter aside. A visible text that is its target's word or plural in another
-    spelling fails too ("Zeros <ZeRO>"); one that is deliberately another phrase ("ring
-    algorithm <ring all-reduce>") is the author's choice and passes."""
-    wrong = []
-    for match in _TERM.finditer(text):
-        shown = " ".join(match.group(1).split())
-        target = " ".join((match.group(2) or match.group(1)).split())
-        if not any(same_spelling(target, name) for name in names):
-            near = [name for name in names if name.lower() == target.lower()]  # what Sphinx links
-            wrong.append(f"{match.group(0)}: no glossary name is spelled {target!r}"
-                         + (f" (the glossary has {near[0]!r}: another word)" if near else ""))
-        elif (match.group(2) and same_spelling(shown.lower(), target.lower(), plural=True)
-              and not same_spelling(shown, target, plural=True)):
-            wrong.append(f"{match.group(0)}: {shown!r} is {target!r} in another spelling")
-    return wrong
 
 
 def test_term_links_are_spelled_as_the_glossary_spells_the_term():
@@ -221,7 +126,7 @@ def test_term_links_are_spelled_as_the_glossary_spells_the_term():
     names = [name for entry in glossary_entries() for name in entry]
     wrong = []
     for page in sorted((REPO / "book").rglob("*.md")):
-        for problem in term_links_spelled_unlike_their_term(page.read_text(), names):
+        for problem in book_checks.term_links_spelled_unlike_their_term(page.read_text(), names):
             wrong.append(f"{page.relative_to(REPO)}: {problem}")
     assert not wrong, "\n".join(wrong)
 
@@ -229,7 +134,7 @@ def test_term_links_are_spelled_as_the_glossary_spells_the_term():
 def test_term_spelling_check_tells_the_word_from_the_term():
     names = ["ZeRO", "Rank", "DTensor", "Bucket", "Reshard after forward", "DDP"]
     def check(link):
-        return term_links_spelled_unlike_their_term(link, names)
+        return book_checks.term_links_spelled_unlike_their_term(link, names)
 
     for good in ("{term}`ZeRO`", "{term}`rank`", "{term}`Rank`", "{term}`DTensors <DTensor>`",
                  "{term}`buckets <bucket>`", "{term}`resharding <reshard after forward>`", "{term}`DDP`",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 import distlab
 from distlab import chapters
+from distlab.grade import book_checks
 
 SRC = Path(distlab.__file__).resolve().parent
 REPO = SRC.parent.parent
@@ -115,22 +115,8 @@ def test_the_chapter_map_names_every_chapter_package_and_each_exists():
         assert f"`{package}`" in readme, f"the README's chapter map does not name {package}"
 
 
-DOTTED = re.compile(r"(?<![\w/.-])distlab(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
-
-
-def resolves(dotted: str) -> bool:
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                return False
-            obj = getattr(obj, attr)
-        return True
-    return False
+DOTTED = book_checks.DOTTED
+resolves = book_checks.resolves
 
 
 def test_every_dotted_distlab_name_in_the_code_the_book_and_the_notebooks_exists():

@@ -21,6 +21,7 @@ and to write the course:
 
     new-chapter SLUG "Title" --about TEXT   a new chapter: page, package, exercise, tests, registry entry
     chapter-rows [--write]              the chapter map, README table and reading path, from the registry
+    page PATH ... | --chapter SLUG      execute one page as the book does and check it (make page)
 
 and to publish (the site, the launch links, a public repository; distlab.grade.edition):
 
@@ -259,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--package", help="its reference package (default: distlab.<name>)")
     p = sub.add_parser("chapter-rows", help="check (or --write) the three lists of chapters against the registry")
     p.add_argument("--write", action="store_true", help="rewrite the places that differ")
+    p = sub.add_parser("page", help="execute pages as the book build does and run the page checks")
+    p.add_argument("paths", nargs="*", help="pages, e.g. book/03-ddp/buckets.md")
+    p.add_argument("--chapter", help="every page of this chapter (a slug of src/distlab/chapters.py)")
     p = sub.add_parser("class", help="collect, autograde, feedback, export")
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
@@ -278,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "chapter-rows":
         from distlab.grade import chapter_rows
         return chapter_rows.command(config.repo_root(), args.write, say)
+    if args.command == "page":
+        from pathlib import Path
+
+        from distlab.grade import page_check
+        return page_check.command(args.paths, args.chapter, Path(config.repo_root()), say)
     if args.command == "new-chapter":
         from distlab.grade import new_chapter
         return new_chapter.command(args.slug, args.title, args.about, args.package, say)

@@ -33,14 +33,18 @@ from pathlib import Path
 
 INSTRUCTOR_ONLY = ("solutions", "grader", "tests", ".ci", "benchmarks/autograde.py",
                    "scripts/link_notebooks_to_book.py", "src/distlab/grade/new_chapter.py",
-                   "src/distlab/grade/new_chapter_text.py")
+                   "src/distlab/grade/new_chapter_text.py", "src/distlab/grade/book_checks.py",
+                   "src/distlab/grade/near_copy.py", "src/distlab/grade/page_check.py",
+                   "src/distlab/grade/chapter_rows.py")
 """Paths the student edition leaves out: the nbgrader source notebooks (solutions, hidden
 tests), the grader's configuration and hostile submissions, the tests (they hold the answers),
 and the instructor's tools that work only with those (CI runs the tests; the grading benchmark
 grades ``solutions/``; the link rewriter edits ``solutions/``; ``new-chapter`` writes into
 ``solutions/`` and ``tests/``, and its templates hold a sample task's solution and hidden
-tests). The book, the released ``notebooks/``, the rest of the package and ``hub/`` (its pages
-include the hub's files) stay."""
+tests; the page checks of ``make page`` measure pages against ``solutions/``; the lists of
+chapters are rewritten by their authors, not by students). The book, the
+released ``notebooks/``, the rest of the package and ``hub/`` (its pages include the hub's
+files) stay."""
 
 BRANCH = "main"  # _config.yml's repository.branch: the launch links pull it
 MARKER = re.compile(r'^\s*"?(#+\s*BEGIN (?:SOLUTION|HIDDEN TESTS))\b', re.MULTILINE)  # "?: a notebook's raw JSON

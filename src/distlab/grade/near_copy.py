@@ -1,5 +1,7 @@
 """How much of one piece of Python is a copy of another, up to renaming and layout.
 
+(The book's tests, the package's copy test and ``python -m distlab.grade page`` use it.)
+
 The book must not print the code a graded task asks for: a student who adapts a listing scores
 without having understood the page. "Adapting" means renaming variables, reformatting and
 reordering a little, so the comparison works on token sequences:
