@@ -8,7 +8,7 @@ are the tracked ones of ``src/distlab`` that the same rule keeps: a module added
 instructor-only one moved back into the edition, is measured without touching this file.
 
 Each graded solution (the lines between nbgrader's solution markers of every ``*-answer`` cell)
-is compared, with tests/near_copy.py's measure, against every top-level function and class of
+is compared, with distlab.grade.near_copy's measure, against every top-level function and class of
 those files:
 
 - against one of them alone, at ``near_copy.NEAR_COPY`` (0.5), the book's threshold;

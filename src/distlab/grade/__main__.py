@@ -19,7 +19,9 @@ and in both cases:
 
 and to write the course:
 
-    new-chapter SLUG "Title" --about TEXT   a new chapter: page, package, exercise, tests, registry entry
+    new-chapter SLUG "Title" --about TEXT [--questions both|number|choice]
+                                        a new chapter: page, package, exercise, tests, registry entry
+    authoring [PAGE ...]                the right letters' spread; glossary terms pages use unlinked
     chapter-rows [--write]              the chapter map, README table and reading path, from the registry
     page PATH ... | --chapter SLUG      execute one page as the book does and check it (make page)
 
@@ -258,11 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("title")
     p.add_argument("--about", required=True, help="one sentence: what the chapter is about (the reading path's)")
     p.add_argument("--package", help="its reference package (default: distlab.<name>)")
+    p.add_argument("--questions", choices=("both", "number", "choice"), default="both",
+                   help="the kinds of concept question of the sample (default: one of each)")
     p = sub.add_parser("chapter-rows", help="check (or --write) the three lists of chapters against the registry")
     p.add_argument("--write", action="store_true", help="rewrite the places that differ")
     p = sub.add_parser("page", help="execute pages as the book build does and run the page checks")
     p.add_argument("paths", nargs="*", help="pages, e.g. book/03-ddp/buckets.md")
     p.add_argument("--chapter", help="every page of this chapter (a slug of src/distlab/chapters.py)")
+    p = sub.add_parser("authoring", help="the spread of right letters, and the glossary terms pages leave unlinked")
+    p.add_argument("paths", nargs="*", help="pages (default: every page of book/)")
     p = sub.add_parser("class", help="collect, autograde, feedback, export")
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
@@ -287,9 +293,14 @@ def main(argv: list[str] | None = None) -> int:
 
         from distlab.grade import page_check
         return page_check.command(args.paths, args.chapter, Path(config.repo_root()), say)
+    if args.command == "authoring":
+        from pathlib import Path
+
+        from distlab.grade import authoring
+        return authoring.command(Path(config.repo_root()), args.paths, say)
     if args.command == "new-chapter":
         from distlab.grade import new_chapter
-        return new_chapter.command(args.slug, args.title, args.about, args.package, say)
+        return new_chapter.command(args.slug, args.title, args.about, args.package, say, args.questions)
     if not database_answers(args.command):
         return 1
     if args.command == "release":

@@ -35,7 +35,7 @@ INSTRUCTOR_ONLY = ("solutions", "grader", "tests", ".ci", "benchmarks/autograde.
                    "scripts/link_notebooks_to_book.py", "src/distlab/grade/new_chapter.py",
                    "src/distlab/grade/new_chapter_text.py", "src/distlab/grade/book_checks.py",
                    "src/distlab/grade/near_copy.py", "src/distlab/grade/page_check.py",
-                   "src/distlab/grade/chapter_rows.py")
+                   "src/distlab/grade/chapter_rows.py", "src/distlab/grade/authoring.py")
 """Paths the student edition leaves out: the nbgrader source notebooks (solutions, hidden
 tests), the grader's configuration and hostile submissions, the tests (they hold the answers),
 and the instructor's tools that work only with those (CI runs the tests; the grading benchmark

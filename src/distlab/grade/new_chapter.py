@@ -9,8 +9,11 @@ It writes, for ``SLUG = NN-name`` (``--package`` overrides the package's name):
   ``reference.sum_of_squares``, which the page calls and the exercise is graded against;
 * ``solutions/SLUG/SLUG.ipynb``: the exercise, with the nbgrader metadata every cell needs,
   one coding task (``task1-answer``, ``task1-tests``: visible tests on 2 ranks, hidden tests on
-  4, seeded from ``checks.grading_seed()``), one numeric concept question (``concepts-text``, ``concepts-answer``,
-  ``concept-a-tests``), and the chapter's package forbidden in the metadata and the setup cell;
+  4, seeded from ``checks.grading_seed()``), concept questions (``concepts-text``,
+  ``concepts-answer``, ``concept-a-tests``, ...: a numeric one and a multiple-choice one, or
+  one kind only with ``--questions number`` or ``--questions choice``, the right option on the
+  letter right least often across the chapters), and the chapter's package forbidden in the
+  metadata and the setup cell;
 * ``tests/test_chapterNN.py``: the chapter's own tests;
 * the chapter's entry in :mod:`distlab.chapters`, its title as given (case kept), ``about``
   the description given with ``--about``, ``uses`` naming the sample's reference;
@@ -34,12 +37,20 @@ import re
 from pathlib import Path
 from string import Template
 
-from distlab.grade import chapter_rows, exercise
+from distlab.grade import authoring, chapter_rows, exercise
 from distlab.grade.new_chapter_text import (
-    CONCEPT_A_TESTS,
-    CONCEPTS_ANSWER,
-    CONCEPTS_TEXT,
+    CHOICE_PROMPT,
+    CHOICE_RIGHT,
+    CHOICE_SOLUTION,
+    CHOICE_TESTS,
+    CHOICE_TEXT,
+    CHOICE_WRONG,
+    CONCEPTS_HEAD,
     INTRO,
+    NUMBER_PROMPT,
+    NUMBER_SOLUTION,
+    NUMBER_TESTS,
+    NUMBER_TEXT,
     OUTRO,
     PACKAGE_INIT,
     PAGE,
@@ -51,6 +62,8 @@ from distlab.grade.new_chapter_text import (
     TESTS,
 )
 
+QUESTIONS = {"both": ("number", "choice"), "number": ("number",), "choice": ("choice",)}
+"""``--questions``: the kinds of concept question the sample has, in order (a), (b)."""
 SLUG = re.compile(r"^\d\d-[a-z0-9]+(?:-[a-z0-9]+)*$")
 MARKER = "    # new-chapter adds its entry above this line\n"
 """The line of src/distlab/chapters.py above which a new entry goes."""
@@ -61,7 +74,8 @@ def package_for(slug: str) -> str:
     return "distlab." + slug[3:].replace("-", "_")
 
 
-def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: str | None = None) -> list[Path]:
+def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: str | None = None,
+         questions: str = "both") -> list[Path]:
     """Write the chapter's files into the repository ``repo``; return them. Refuses (ValueError)
     a malformed slug or package, an empty description, or a chapter whose number, folders or
     package exist already, or that the three lists of chapters cannot take."""
@@ -107,7 +121,9 @@ def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: st
         path.write_text(fill(text))
         written.append(path)
     places["solution"].parent.mkdir(parents=True)
-    places["solution"].write_text(json.dumps(notebook(values, fill), indent=1, ensure_ascii=False) + "\n")
+    kinds = QUESTIONS[questions]
+    right = authoring.least_used_letter(repo) if "choice" in kinds else None   # keeps the letters spread
+    places["solution"].write_text(json.dumps(notebook(values, fill, kinds, right), indent=1, ensure_ascii=False) + "\n")
     written.append(places["solution"])
 
     uses = f"`reference` (`{graded[0].partition(':')[2]}`)"
@@ -145,18 +161,45 @@ def _cell(kind: str, grade_id: str, source: str, solution=False, points=None) ->
     return cell
 
 
-def notebook(values: dict, fill) -> dict:
-    """The solution notebook (nbformat 4.5) of the new chapter."""
+def choice_options(right: str) -> tuple[str, str]:
+    """The sample's options with the right one on letter ``right`` (the wrong ones in their
+    order on the others), and the ``revisit`` dict of ``check_choice``, as Python source."""
+    wrong = list(CHOICE_WRONG.items())
+    letters = {right: CHOICE_RIGHT} | dict(zip([x for x in authoring.LETTERS if x != right], [w for w, _ in wrong]))
+    options = "\n".join(f'* `"{letter}"` — {letters[letter]}' for letter in authoring.LETTERS)
+    hints = dict(zip([x for x in authoring.LETTERS if x != right], [h for _, h in wrong]))
+    revisit = "{\n" + "\n".join(f'    "{letter}": {json.dumps(hint, ensure_ascii=False)},' for letter, hint in hints.items())
+    return options, revisit + "}"
+
+
+def notebook(values: dict, fill, kinds=("number", "choice"), right: str | None = None) -> dict:
+    """The solution notebook (nbformat 4.5) of the new chapter, with one concept question of each
+    kind in ``kinds`` (``"number"``, ``"choice"``), labelled (a), (b)."""
     forbidden = [values["package"]]
     intro = "\n\n".join([fill(INTRO), exercise.rules_text(forbidden), exercise.grading_text(),
                          exercise.tolerances_text("results")])
+    heading = "Concept question (1 point)" if len(kinds) == 1 else f"Concept questions ({len(kinds)} points)"
+    texts, prompts, solutions, tests = [Template(CONCEPTS_HEAD).substitute(values, heading=heading)], [], [], []
+    for label, kind in zip("abcd", kinds):
+        if kind == "number":
+            more = {"label": label}
+            parts = (NUMBER_TEXT, NUMBER_PROMPT, NUMBER_SOLUTION, NUMBER_TESTS)
+        else:
+            options, revisit = choice_options(right)
+            more = {"label": label, "right": right, "options": options, "revisit": revisit}
+            parts = (CHOICE_TEXT, CHOICE_PROMPT, CHOICE_SOLUTION, CHOICE_TESTS)
+        text, prompt, solution, test = (Template(part).substitute(values, **more) for part in parts)
+        texts.append(text)
+        prompts.append(prompt)
+        solutions.append(solution)
+        tests.append(_cell("code", f"concept-{label}-tests", test, points=1))
+    answer = "\n".join([*prompts, "### BEGIN SOLUTION", *solutions, "### END SOLUTION"])
     cells = [_cell("markdown", "intro", intro), _cell("code", "setup", fill(SETUP)),
              _cell("markdown", "task1-text", fill(TASK1_TEXT)),
              _cell("code", "task1-answer", fill(TASK1_ANSWER), solution=True),
              _cell("code", "task1-tests", fill(TASK1_TESTS), points=2),
-             _cell("markdown", "concepts-text", fill(CONCEPTS_TEXT)),
-             _cell("code", "concepts-answer", fill(CONCEPTS_ANSWER), solution=True),
-             _cell("code", "concept-a-tests", fill(CONCEPT_A_TESTS), points=1),
+             _cell("markdown", "concepts-text", "".join(texts)),
+             _cell("code", "concepts-answer", answer, solution=True), *tests,
              _cell("markdown", "outro", fill(OUTRO))]
     return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
             "metadata": {"distlab": {"forbidden": forbidden},
@@ -164,13 +207,13 @@ def notebook(values: dict, fill) -> dict:
                          "language_info": {"name": "python"}}}
 
 
-def command(slug: str, title: str, about: str, package: str | None, say) -> int:
+def command(slug: str, title: str, about: str, package: str | None, say, questions: str = "both") -> int:
     """``new-chapter``: make the chapter in this repository, say what it wrote and what is left."""
     from distlab.grade import config
 
     repo = config.repo_root()
     try:
-        written = make(repo, slug, title, about, package)
+        written = make(repo, slug, title, about, package, questions)
     except ValueError as error:
         say(f"new-chapter: {error}")
         return 2

@@ -2,11 +2,15 @@
 
 ``$slug``, ``$title``, ``$about`` (the chapter's description, without MyST roles), ``$number``
 (no leading zero), ``$nn``, ``$package``, ``$short`` (the package's folder), ``$chapter_url``
-(its published page) are filled in. The
-sample is deliberately small: one reference function that adds up the squares of every
-rank's tensor with one all-reduce, one task that asks for it, and one numeric question about
-what it adds up. It follows every convention the tests check, so a chapter starts
-green and stays green while its author replaces the sample with the chapter's own content.
+(its published page) are filled in; in the concept questions also ``$label`` (``a``, ``b``),
+``$heading``, and for the multiple-choice one ``$right``, ``$options`` and ``$revisit``.
+
+The sample is deliberately small: one reference function that adds up the squares of every
+rank's tensor with one all-reduce, one task that asks for it, and two concept questions about
+it, one of each kind (``--questions`` keeps one kind only): a numeric one on what it adds up
+and a multiple-choice one on why it adds before it communicates. It follows every convention
+the tests check, so a chapter starts green and stays green while its author replaces the
+sample with the chapter's own content.
 """
 
 PAGE = '''---
@@ -215,25 +219,23 @@ check_task1([[torch.randn(1000, generator=g) for _ in range(4)],
 ### END HIDDEN TESTS
 '''
 
-CONCEPTS_TEXT = '''
-## Concept question (1 point)
+CONCEPTS_HEAD = '''
+## $heading
 
 *Read:* [$title]($chapter_url).
+'''
 
-**(a)** `sum_of_squares` runs on 6 ranks, each holding a tensor of 250 elements. How many
+NUMBER_TEXT = '''
+**($label)** `sum_of_squares` runs on 6 ranks, each holding a tensor of 250 elements. How many
 squared elements does the number it returns add up? Store the number in `squares_added`.
 '''
 
-CONCEPTS_ANSWER = '''
-# (a) squares_added = <how many squared elements the result adds up>
-### BEGIN SOLUTION
-squares_added = 6 * 250
-### END SOLUTION
-'''
+NUMBER_PROMPT = "# ($label) squares_added = <how many squared elements the result adds up>"
+NUMBER_SOLUTION = "squares_added = 6 * 250"
 
-CONCEPT_A_TESTS = '''
+NUMBER_TESTS = '''
 assert isinstance(squares_added, (int, float)), "squares_added should be a number"
-print("(a) is a number")
+print("($label) is a number")
 ### BEGIN HIDDEN TESTS
 from distlab.grade.checks import check_number
 
@@ -241,6 +243,45 @@ ranks, elements_per_rank = 6, 250
 check_number("squares_added", squares_added, ranks * elements_per_rank, 1e-9,
              "Every rank adds up the squares of all its own elements, and the all-reduce adds the "
              "ranks' sums: every element of every rank is in the result (index.md).")
+### END HIDDEN TESTS
+'''
+
+CHOICE_TEXT = '''
+**($label)** `sum_of_squares` adds up its own squares on each rank before its one all-reduce,
+instead of all-reducing the squared tensor and adding up its elements afterwards. Why? Store
+the letter in `why_add_first`.
+
+$options
+'''
+
+CHOICE_RIGHT = "each rank then sends one number, whatever the size of its tensor, not the whole tensor."
+CHOICE_WRONG = {
+    "all-reducing the squared tensors would give another total, since squares do not add up across ranks.":
+        "Adding the ranks' squared tensors element by element, then their elements, gives the same total: "
+        "a sum does not depend on where its terms are added (index.md).",
+    "an all-reduce only adds 0-dimensional tensors, so each tensor is made one number first.":
+        "An all-reduce adds tensors of any shape element by element; what the order changes is how many "
+        "bytes it moves (index.md).",
+    "the squares are taken in float64, and an all-reduce does not send float64 tensors.":
+        "An all-reduce sends every dtype its backend supports, float64 included; the float64 is there "
+        "for the rounding of a long sum (index.md)."}
+"""The multiple-choice question's options: the right one (never the longest) and each wrong
+one with the hint its feedback gives. ``new-chapter`` puts the right one on the letter that is
+right least often across the chapters (:func:`distlab.grade.authoring.letter_counts`)."""
+
+CHOICE_PROMPT = '# ($label) why_add_first = <"a", "b", "c" or "d">'
+CHOICE_SOLUTION = 'why_add_first = "$right"'
+
+CHOICE_TESTS = '''
+assert why_add_first in ("a", "b", "c", "d"), 'why_add_first should be "a", "b", "c" or "d"'
+print("($label) is well-formed")
+### BEGIN HIDDEN TESTS
+from distlab.grade.checks import check_choice
+
+elements, bytes_per_number = 1000, 8          # one rank's tensor, in float64
+sent_adding_first, sent_squared_tensor = bytes_per_number, elements * bytes_per_number
+correct = "$right" if sent_adding_first < sent_squared_tensor else "?"
+check_choice("why_add_first", why_add_first, correct, $revisit)
 ### END HIDDEN TESTS
 '''
 
