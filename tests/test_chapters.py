@@ -137,8 +137,9 @@ def copy_of_the_places(target: Path) -> Path:
 def test_a_new_entry_changes_the_generated_rows_and_nothing_else(tmp_path):
     repo = copy_of_the_places(tmp_path)
     before = {name: (repo / name).read_text() for name in chapter_rows.PLACES}
-    new = chapters.Chapter("08-sample", "MoE Routing and Context Parallelism, a long title", SAMPLE_PACKAGE,
-                           (SAMPLE_PACKAGE + ".reference:f",), "book/08-sample/index",
+    number = chapters.CHAPTERS[-1].number + 1   # after the last chapter, whatever it is (a scratch clone's too)
+    new = chapters.Chapter(f"{number:02d}-sample", "MoE Routing and Context Parallelism, a long title", SAMPLE_PACKAGE,
+                           (SAMPLE_PACKAGE + ".reference:f",), f"book/{number:02d}-sample/index",
                            about="a sentence about the chapter.", uses="`reference` (`f`)")
     assert chapter_rows.write(repo, (*chapters.CHAPTERS, new)) == list(chapter_rows.PLACES)
     assert chapter_rows.stale(repo, (*chapters.CHAPTERS, new)) == []
@@ -149,13 +150,13 @@ def test_a_new_entry_changes_the_generated_rows_and_nothing_else(tmp_path):
         if name != chapter_rows.MAP:   # the map's columns widen for the long title: its rows move
             assert not removed, (name, removed)
     readme = (repo / "README.md").read_text()
-    assert f"| 8 {new.title} | `{SAMPLE_PACKAGE}` | `reference` (`f`) |" in readme
-    assert "8. **[MoE Routing and Context Parallelism, a long title](08-sample/index.md)**: a sentence" in (
+    assert f"| {number} {new.title} | `{SAMPLE_PACKAGE}` | `reference` (`f`) |" in readme
+    assert f"{number}. **[MoE Routing and Context Parallelism, a long title]({number:02d}-sample/index.md)**: a sentence" in (
         repo / "book/intro.md").read_text()
     table = (repo / chapter_rows.MAP).read_text().split('"""')[1]
     assert all(len(line) <= chapter_rows.MAP_WIDTH for line in table.splitlines()), "a line past the docstring's width"
     header = next(line for line in table.splitlines() if line.startswith("ch. "))
-    row = next(line for line in table.splitlines() if line.startswith("8 "))
+    row = next(line for line in table.splitlines() if line.startswith(f"{number} "))
     assert row.index(":mod:") == header.index("package"), "the new row is not aligned with the columns"
     assert row.split("  ")[-1].strip() == "``reference`` (``f``)"
     outside = [(name, text) for name, text in before.items()]
