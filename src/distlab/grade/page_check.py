@@ -1,8 +1,11 @@
 """One book page, executed as the book build executes it and checked as the book's tests check it.
 
 ``make page PAGE=book/03-ddp/buckets.md`` (``python -m distlab.grade page PATH ...``) is the loop
-of a page's author: seconds to a minute for one page, where ``make book`` takes a quarter of an
-hour and ``tests/test_book.py`` needs the whole built site. It
+of a page's author: seconds for a page of prose or one whose outputs are cached, half a minute
+to a few minutes for one that trains (the cost model's page: 30 s; the first steps, which train
+on 1, 2 and 4 ranks: 200 s on two loaded cores), where ``make book`` takes a quarter of an hour
+and ``tests/test_book.py`` needs the whole built site. Unlike the build, it starts no shared warm
+ranks and no forked kernels (book/_ext/distlab_book.py): the page pays its own cold starts. It
 
 1. executes the page with the book's settings (``_config.yml``'s ``execute:``): its MyST code
    cells, read as myst-nb reads them, run in a kernel whose working folder is the page's, with
