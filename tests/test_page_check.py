@@ -8,6 +8,7 @@ dotted name that names nothing, and a listing of a graded task's reference.
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import textwrap
 from pathlib import Path
@@ -97,3 +98,33 @@ def test_the_text_rules_of_the_book_are_the_page_checks():
     assert shown and "02-collectives: distlab.collectives.all_reduce:ring_all_reduce" in shown[0], shown
     clean = "# Rules\n\nA data-parallel step ends with an {term}`all-reduce`, see `distlab.zero.theory`.\n"
     assert page_check.text_problems(clean, REPO, chapters.CHAPTERS) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_book_build_takes_a_page_run_by_make_page_from_the_cache(tmp_path):
+    """A page executed by make page is not executed again by the next build: the same reader,
+    the same cache, the same source-hash rule (a one-page book with the book's extension)."""
+    import shutil
+    import sys
+
+    import yaml
+
+    book = tmp_path / "book"
+    shutil.copytree(REPO / "book" / "_ext", book / "book" / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
+    (book / "src" / "distlab").mkdir(parents=True)
+    (book / "src" / "distlab" / "__init__.py").write_text("VALUE = 'first'\n")
+    (book / "_config.yml").write_text(yaml.safe_dump({
+        "title": "cache test", "only_build_toc_files": True,
+        "execute": {"execute_notebooks": "cache", "timeout": 120},
+        "sphinx": {"local_extensions": {"distlab_book": "book/_ext"}, "config": {"distlab_source_dir": "src/distlab"}}}))
+    (book / "_toc.yml").write_text("format: jb-book\nroot: page\n")
+    path = page(book, "page.md", "# Page\n\n```{code-cell} ipython3\nprint('VALUE IS', 6 * 7)\n```\n")
+    notebook, how, error = page_check.execute(path, book)
+    assert how.startswith("executed in") and error is None, (how, error)
+    built = subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(book), "-W"], text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600,
+                           env={**os.environ, "DISTLAB_BOOK_SHARED_POOLS": ""})
+    assert built.returncode == 0, built.stdout[-4000:]
+    assert "Using cached notebook" in built.stdout and "Executing notebook" not in built.stdout, built.stdout[-4000:]
+    assert "VALUE IS 42" in (book / "_build" / "html" / "page.html").read_text()
