@@ -22,7 +22,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distlab.context_parallel import blockwise
+import distlab
+from distlab.context_parallel import blockwise, layout, ring
 from distlab.grade import checks
 
 F64 = {"rtol": 1e-12, "atol_scale": 1e-12}
@@ -119,3 +120,154 @@ def test_block_backward_summed_over_blocks_is_autograds_gradient(dtype, causal):
         got[2][..., keys, :] += dv
     for name, g, w in zip("qkv", got, want):
         checks.assert_tensor_close(g, w, f"gradient of {name}", **TOLERANCE[dtype])
+
+
+# -- on ranks: one call per world size runs every case ----------------------------------------------
+
+WORLD_SIZES = (2, 4)
+LENGTHS = (16, 13)              # 16: 2N equal chunks on 2 and 4 ranks; 13: chunks of 2 and 1 tokens
+DTYPES = ("float64", "float32")
+LAYOUTS = ("contiguous",)
+
+
+def full_inputs(seq, dtype):
+    """q, k, v and the gradient of the output, the same on every rank and in the test."""
+    g = torch.Generator().manual_seed(seq)
+    return tuple(torch.randn(*SHAPE[:2], seq, SHAPE[3], generator=g, dtype=getattr(torch, dtype)) for _ in range(4))
+
+
+def make_layout(name, seq, n):
+    from distlab.context_parallel import balance, layout
+
+    return layout.contiguous(seq, n) if name == "contiguous" else balance.balanced(seq, n)
+
+
+def _calls(log):
+    return [(c.op, c.sent, c.received) for c in log]
+
+
+def _ring_case(seq, causal, dtype, layout_name):
+    """Ring attention on this rank's shard: output, gradients, messages, blocks computed, overlap seen."""
+    import torch.distributed as dist
+
+    from distlab.context_parallel import layout, ring
+    from distlab.tools import comm
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    the_layout = make_layout(layout_name, seq, n)
+    q, k, v, grad_out = (layout.shard(t, the_layout, me) for t in full_inputs(seq, dtype))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    blocks, overlapped = [], []
+
+    def on_block(step, source, q_range, k_range):
+        blocks.append((step, source, q_range, k_range))
+        if step < n - 1:        # the next block's transfer must be on its way while this one computes
+            overlapped.append(any(c.op == "batch_isend_irecv" for c in comm.pending_async()))
+
+    with comm.record() as forward:
+        out = ring.ring_attention(q, k, v, causal, the_layout, on_block=on_block)
+    with comm.record() as backward:
+        out.backward(grad_out)
+    return {"out": out.detach(), "grads": (q.grad, k.grad, v.grad), "forward": _calls(forward),
+            "backward": _calls(backward), "blocks": blocks, "overlapped": overlapped}
+
+
+def _refusals():
+    """The ValueError each constraint raises, by name."""
+    import torch.distributed as dist
+
+    from distlab.context_parallel import layout, ring
+
+    n = dist.get_world_size()
+    q = torch.zeros(1, n, 3, 4)
+    attempts = {
+        "too short": lambda: layout.contiguous(2 * n - 1, n),
+        "wrong tokens": lambda: ring.ring_attention(q, q, q, layout=layout.contiguous(8 * n, n)),
+    }
+    messages = {}
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            messages[what] = None
+        except ValueError as e:
+            messages[what] = str(e)
+    return messages
+
+
+def everything():
+    cases = {("ring", name, seq, causal, dtype): _ring_case(seq, causal, dtype, name)
+             for name in LAYOUTS for seq in LENGTHS for causal in (False, True) for dtype in DTYPES}
+    return {**cases, "refusals": _refusals()}
+
+
+@pytest.fixture(scope="module")
+def results():
+    """{world size: per-rank results of everything()}, one call per warm pool."""
+    with distlab.Pool(2), distlab.Pool(4):
+        yield {n: distlab.run(everything, nprocs=n, timeout=120) for n in WORLD_SIZES}
+
+
+def single_process(seq, causal, dtype):
+    q, k, v, grad_out = full_inputs(seq, dtype)
+    return reference(q, k, v, causal, grad_out)
+
+
+RING_CASES = [(name, seq, causal, dtype) for name in LAYOUTS for seq in LENGTHS for causal in (False, True)
+              for dtype in DTYPES]
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("case", RING_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_ring_attention_matches_single_process_attention_and_gradients(results, n, case):
+    name, seq, causal, dtype = case
+    the_layout = make_layout(name, seq, n)
+    per_rank = [r[("ring", *case)] for r in results[n]]
+    want_out, *want_grads = single_process(seq, causal, dtype)
+    tolerance = TOLERANCE[getattr(torch, dtype)]
+    got_out = layout.unshard([r["out"] for r in per_rank], the_layout)
+    checks.assert_tensor_close(got_out, want_out, f"ring output ({n} ranks)", **tolerance)
+    for i, what in enumerate("qkv"):
+        got = layout.unshard([r["grads"][i] for r in per_rank], the_layout)
+        checks.assert_tensor_close(got, want_grads[i], f"gradient of {what} ({n} ranks)", **tolerance)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("seq", LENGTHS)
+def test_ring_sends_one_key_value_block_per_step_forward_and_the_gradients_back(results, n, seq):
+    batch, heads, _, head_dim = SHAPE
+    for name in LAYOUTS:
+        the_layout = make_layout(name, seq, n)
+        for dtype in DTYPES:
+            size = getattr(torch, dtype).itemsize
+            for rank, r in enumerate(results[n]):
+                case = r[("ring", name, seq, True, dtype)]
+                assert {op for op, _, _ in case["forward"] + case["backward"]} == {"batch_isend_irecv"}
+                forward = ring.ring_bytes_per_step(the_layout, rank, batch, heads, head_dim, size)
+                assert [(s, r_) for _, s, r_ in case["forward"]] == forward[:-1]   # nothing in the last step
+                backward = ring.ring_bytes_per_step(the_layout, rank, batch, heads, head_dim, size, backward=True)
+                # per step: the block going on (all but the last step), then its gradient accumulator
+                calls = [(s, r_) for _, s, r_ in case["backward"]]
+                per_step = [tuple(map(sum, zip(*calls[2 * i:2 * i + 2]))) for i in range(n)]
+                assert per_step == backward
+                if seq % n == 0:
+                    assert sum(s for _, s, _ in case["forward"]) == ring.ring_bytes(n, seq, batch, heads, head_dim, size)
+                    assert sum(s for _, s, _ in case["backward"]) == ring.ring_bytes(
+                        n, seq, batch, heads, head_dim, size, backward=True)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_ring_posts_the_next_transfer_before_computing_and_skips_future_blocks(results, n):
+    for rank, r in enumerate(results[n]):
+        plain, causal = r[("ring", "contiguous", 16, False, "float64")], r[("ring", "contiguous", 16, True, "float64")]
+        assert [(step, source) for step, source, _, _ in plain["blocks"]] == [(s, (rank - s) % n) for s in range(n)]
+        assert plain["overlapped"] and all(plain["overlapped"]), "a block was computed with no transfer in flight"
+        assert causal["overlapped"] and all(causal["overlapped"])
+        # contiguous: a rank never computes on a block from a later rank
+        assert all(source <= rank for _, source, _, _ in causal["blocks"])
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_too_short_a_sequence_and_a_shard_of_the_wrong_length_are_refused(results, n):
+    messages = results[n][0]["refusals"]
+    assert messages["too short"] is not None and f"{2 * n - 1} tokens" in messages["too short"]
+    assert messages["wrong tokens"] is not None and "holds 3 tokens" in messages["wrong tokens"], messages
