@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import distlab
-from distlab.context_parallel import blockwise, layout, ring
+from distlab.context_parallel import balance, blockwise, layout, ring
 from distlab.grade import checks
 
 F64 = {"rtol": 1e-12, "atol_scale": 1e-12}
@@ -127,7 +127,7 @@ def test_block_backward_summed_over_blocks_is_autograds_gradient(dtype, causal):
 WORLD_SIZES = (2, 4)
 LENGTHS = (16, 13)              # 16: 2N equal chunks on 2 and 4 ranks; 13: chunks of 2 and 1 tokens
 DTYPES = ("float64", "float32")
-LAYOUTS = ("contiguous",)
+LAYOUTS = ("contiguous", "balanced")
 
 
 def full_inputs(seq, dtype):
@@ -264,6 +264,48 @@ def test_ring_posts_the_next_transfer_before_computing_and_skips_future_blocks(r
         assert causal["overlapped"] and all(causal["overlapped"])
         # contiguous: a rank never computes on a block from a later rank
         assert all(source <= rank for _, source, _, _ in causal["blocks"])
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("seq", LENGTHS)
+def test_the_ring_computes_the_blocks_the_work_count_says_and_balance_evens_them(results, n, seq):
+    for name in LAYOUTS:
+        the_layout = make_layout(name, seq, n)
+        expected_blocks = balance.causal_chunk_pairs(the_layout)
+        expected_pairs = balance.causal_score_pairs(the_layout)
+        for rank, r in enumerate(results[n]):
+            blocks = r[("ring", name, seq, True, "float64")]["blocks"]
+            assert len(blocks) == expected_blocks[rank], (name, rank, blocks)
+            # the unmasked (query, key) pairs inside the blocks it computed: all of its work, once
+            seen = sum(sum(min(k_stop, q + 1) - k_start for q in range(*q_range) if q >= k_start)
+                       for _, _, q_range, (k_start, k_stop) in blocks)
+            assert seen == expected_pairs[rank], (name, rank)
+    contiguous, balanced = (balance.causal_chunk_pairs(make_layout(name, seq, n)) for name in LAYOUTS)
+    assert contiguous == [4 * r + 3 for r in range(n)]          # the last rank: 4N-1 blocks
+    assert balanced == [2 * n + 1] * n                          # every rank: 2N+1
+    assert sum(contiguous) == sum(balanced) == n * (2 * n + 1)  # the same work, moved
+
+
+def test_balanced_layout_gives_rank_r_chunks_r_and_2n_minus_1_minus_r():
+    assert balance.balanced(16, 4).chunks == (((0, 2), (14, 16)), ((2, 4), (12, 14)), ((4, 6), (10, 12)),
+                                              ((6, 8), (8, 10)))
+    assert layout.contiguous(13, 2).chunks == (((0, 4), (4, 7)), ((7, 10), (10, 13)))   # 4+3+3+3 tokens
+    x = torch.arange(2 * 13 * 3).view(2, 13, 3)
+    for the_layout in (balance.balanced(13, 2), balance.balanced(13, 4), layout.contiguous(13, 4)):
+        shards = [layout.shard(x, the_layout, r, dim=1) for r in range(the_layout.ranks)]
+        assert torch.equal(layout.unshard(shards, the_layout, dim=1), x)
+        assert sorted(torch.cat([the_layout.positions(r) for r in range(the_layout.ranks)]).tolist()) == list(range(13))
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_balanced_layout_gives_every_rank_the_same_causal_work(n):
+    seq = 2 * n * 64
+    before = balance.causal_score_pairs(layout.contiguous(seq, n))
+    after = balance.causal_score_pairs(balance.balanced(seq, n))
+    assert sum(before) == sum(after) == seq * (seq + 1) // 2
+    assert len(set(after)) == 1                                  # exactly equal when 2N divides the length
+    # contiguous: the last rank's queries see (N - 1/2) / (1/2) ~ 2N-1 times the first rank's keys
+    assert before[-1] / before[0] == pytest.approx(2 * n - 1, rel=0.02)
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
