@@ -3,15 +3,16 @@
 Tolerances (``checks.assert_tensor_close``: ``|got - want| <= atol + rtol |want|`` with
 ``atol = atol_scale * max|want|``):
 
-* float64: rtol = atol_scale = 1e-12. The blockwise and ring versions add the same terms as
-  one softmax in another grouping (per block, then merged); measured at most 1e-15 of the
-  largest value (outputs and gradients of order 1): a 1000x margin, and any real mistake (a
-  block merged with the wrong weight, a missing block, a mask off by one token) is off by
-  a sizeable fraction of the values.
-* float32: rtol = atol_scale = 2e-5 (``F32``). eps = 6e-8; a merged result is a weighted
-  sum of per-block results, each weight an ``exp`` of a difference of log-sum-exps, each
-  a few roundings: measured up to 3e-7 of the largest output and 1e-6 of the largest
-  gradient (on 2 and 4 ranks, causal and not, shapes below); 2e-5 leaves a 20x margin.
+* float64: rtol = atol_scale = 1e-12. The blockwise, ring and Ulysses versions add the same
+  terms as one softmax in another grouping (per block, then merged); measured at most 9e-16 of
+  the largest value (outputs and gradients of order 1, 2 and 4 ranks): a 1000x margin, and any
+  real mistake (a block merged with the wrong weight, a missing block, a mask off by one
+  token) is off by a sizeable fraction of the values.
+* float32: rtol = atol_scale = 2e-5 (``F32``). eps = 6e-8; a merged result is a weighted sum
+  of per-block results, each weight an ``exp`` of a difference of log-sum-exps, each a few
+  roundings. Against float64 attention on the same inputs the ring is measured within 3e-7 of
+  the largest output and 6e-7 of the largest gradient (Ulysses within 3e-7); the float32
+  reference it is compared with carries an error of the same size: 2e-5 leaves a 15x margin.
 
 Inputs are standard normal (scores of order 1) except where a test says otherwise.
 """
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import distlab
-from distlab.context_parallel import balance, blockwise, layout, ring
+from distlab.context_parallel import balance, blockwise, layout, ring, ulysses
 from distlab.grade import checks
 
 F64 = {"rtol": 1e-12, "atol_scale": 1e-12}
@@ -172,17 +173,37 @@ def _ring_case(seq, causal, dtype, layout_name):
             "backward": _calls(backward), "blocks": blocks, "overlapped": overlapped}
 
 
+def _ulysses_case(seq, causal, dtype, layout_name):
+    """Ulysses on this rank's shard: output, gradients, messages forward and backward."""
+    import torch.distributed as dist
+
+    from distlab.context_parallel import layout, ulysses
+    from distlab.tools import comm
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    the_layout = make_layout(layout_name, seq, n)
+    q, k, v, grad_out = (layout.shard(t, the_layout, me) for t in full_inputs(seq, dtype))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    with comm.record() as forward:
+        out = ulysses.ulysses_attention(q, k, v, causal, the_layout)
+    with comm.record() as backward:
+        out.backward(grad_out)
+    return {"out": out.detach(), "grads": (q.grad, k.grad, v.grad), "forward": _calls(forward),
+            "backward": _calls(backward)}
+
+
 def _refusals():
     """The ValueError each constraint raises, by name."""
     import torch.distributed as dist
 
-    from distlab.context_parallel import layout, ring
+    from distlab.context_parallel import layout, ring, ulysses
 
     n = dist.get_world_size()
     q = torch.zeros(1, n, 3, 4)
     attempts = {
         "too short": lambda: layout.contiguous(2 * n - 1, n),
         "wrong tokens": lambda: ring.ring_attention(q, q, q, layout=layout.contiguous(8 * n, n)),
+        "heads": lambda: ulysses.ulysses_attention(*(torch.zeros(1, n + 1, 4, 4),) * 3),
     }
     messages = {}
     for what, attempt in attempts.items():
@@ -194,9 +215,14 @@ def _refusals():
     return messages
 
 
+ULYSSES_CASES = [("contiguous", seq, causal, dtype) for seq in LENGTHS for causal in (False, True) for dtype in DTYPES]
+ULYSSES_CASES.append(("balanced", 13, True, "float64"))     # any layout: the mask comes from positions
+
+
 def everything():
     cases = {("ring", name, seq, causal, dtype): _ring_case(seq, causal, dtype, name)
              for name in LAYOUTS for seq in LENGTHS for causal in (False, True) for dtype in DTYPES}
+    cases.update({("ulysses", *case): _ulysses_case(*case[1:], case[0]) for case in ULYSSES_CASES})
     return {**cases, "refusals": _refusals()}
 
 
@@ -313,3 +339,47 @@ def test_too_short_a_sequence_and_a_shard_of_the_wrong_length_are_refused(result
     messages = results[n][0]["refusals"]
     assert messages["too short"] is not None and f"{2 * n - 1} tokens" in messages["too short"]
     assert messages["wrong tokens"] is not None and "holds 3 tokens" in messages["wrong tokens"], messages
+    assert messages["heads"] is not None and f"heads ({n + 1})" in messages["heads"] and f"over {n} ranks" in \
+        messages["heads"], messages
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("case", ULYSSES_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_ulysses_matches_single_process_attention_and_gradients(results, n, case):
+    name, seq, causal, dtype = case
+    the_layout = make_layout(name, seq, n)
+    per_rank = [r[("ulysses", *case)] for r in results[n]]
+    want_out, *want_grads = single_process(seq, causal, dtype)
+    tolerance = TOLERANCE[getattr(torch, dtype)]
+    got_out = layout.unshard([r["out"] for r in per_rank], the_layout)
+    checks.assert_tensor_close(got_out, want_out, f"Ulysses output ({n} ranks)", **tolerance)
+    for i, what in enumerate("qkv"):
+        got = layout.unshard([r["grads"][i] for r in per_rank], the_layout)
+        checks.assert_tensor_close(got, want_grads[i], f"Ulysses gradient of {what} ({n} ranks)", **tolerance)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_ulysses_sends_four_all_to_alls_each_way_two_over_n_of_the_rings_bytes(results, n):
+    batch, heads, _, head_dim = SHAPE
+    seq = 16
+    for dtype in DTYPES:
+        size = getattr(torch, dtype).itemsize
+        expected = ulysses.ulysses_bytes(n, seq, batch, heads, head_dim, size)
+        for r in results[n]:
+            case = r[("ulysses", "contiguous", seq, True, dtype)]
+            for direction in ("forward", "backward"):
+                assert [op for op, _, _ in case[direction]] == ["all_to_all_single"] * 4
+                assert sum(s for _, s, _ in case[direction]) == sum(r_ for _, _, r_ in case[direction]) == expected
+            ring_forward = sum(s for _, s, _ in r[("ring", "contiguous", seq, True, dtype)]["forward"])
+            assert expected / ring_forward == pytest.approx(2 / n)     # measured ring bytes, same inputs
+
+
+def test_ulysses_and_ring_bytes_as_functions_of_ranks_and_length():
+    shape = {"batch": 1, "heads": 64, "head_dim": 128, "element_size": 2}
+    for seq in (8192, 131072):
+        whole = seq * 64 * 128 * 2
+        for n in (2, 4, 8, 16, 64):
+            ring_bytes = ring.ring_bytes(n, seq, **shape)
+            assert ring_bytes == 2 * (n - 1) * whole // n                 # near 2 whole tensors, whatever N
+            assert ulysses.ulysses_bytes(n, seq, **shape) * n == 2 * ring_bytes   # 2/N of the ring's
+            assert ring.ring_bytes(n, seq, **shape, backward=True) == (2 * n - 1) * whole * 2 // n
