@@ -43,7 +43,9 @@ The modules, in reading order:
 * :mod:`.layout`: which tokens each rank holds (``2N`` chunks), sharding and unsharding;
 * :mod:`.ring`: ring attention forward and backward (an autograd function) and its bytes;
 * :mod:`.balance`: the load-balanced causal layout and the work per rank;
-* :mod:`.ulysses`: DeepSpeed-Ulysses' all-to-alls around ordinary attention, and its bytes.
+* :mod:`.ulysses`: DeepSpeed-Ulysses' all-to-alls around ordinary attention, and its bytes;
+* :mod:`.torch_native`: torch's own ring attention, run on the CPU kernels beside ours, and
+  why its public ``context_parallel()`` does not run causal attention on the CPU.
 
 Tensors are ``(batch, heads, tokens, head_dim)`` as for ``F.scaled_dot_product_attention``;
 every rank holds its own tokens in the order its layout gives. Kept out, to stay readable:
