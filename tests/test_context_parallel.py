@@ -461,3 +461,18 @@ def test_torchs_public_context_parallel_refuses_causal_attention_on_the_cpu(resu
     for r in results[n]:
         message = r["torch public causal"]
         assert message is not None and "_scaled_dot_product_flash_attention_for_cpu" in message, message
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_rank_without_a_process_group_is_plain_attention(causal):
+    """N = 1: no messages, one step over the rank's own block; Ulysses is attention itself."""
+    q, k, v, grad_out = full_inputs(13, "float64")
+    want_out, *want_grads = reference(q, k, v, causal, grad_out)
+    for attention in (ring.ring_attention, ulysses.ulysses_attention):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = attention(*leaves, causal)
+        out.backward(grad_out)
+        checks.assert_tensor_close(out.detach(), want_out, f"{attention.__name__} on one rank", **F64)
+        for leaf, want, what in zip(leaves, want_grads, "qkv"):
+            checks.assert_tensor_close(leaf.grad, want, f"{attention.__name__}: gradient of {what}", **F64)
+    assert ring.ring_bytes_per_step(layout.contiguous(13, 1), 0, 2, 4, 8, 8, backward=True) == [(0, 0)]

@@ -54,6 +54,8 @@ def _all_to_all(pieces: list[torch.Tensor], shapes: list[tuple], group) -> list[
 
     Flattened into one ``all_to_all_single``, so pieces of different sizes (uneven layouts) go too.
     """
+    if len(pieces) == 1:                                  # one rank: it sends itself everything
+        return [pieces[0].reshape(shapes[0])]
     send = torch.cat([p.reshape(-1) for p in pieces])
     sizes = [torch.Size(s).numel() for s in shapes]
     receive = send.new_empty(sum(sizes))
