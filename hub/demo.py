@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 import accounts  # noqa: E402
 import instructor_account  # noqa: E402
 import slurm_cluster  # noqa: E402
-from course_spawner import PROFILES, cores  # noqa: E402
+from course_spawner import PROFILES  # noqa: E402
 from free_port import free_port  # noqa: E402
 
 COURSE = "dlc"
@@ -69,9 +69,22 @@ def cpus_per_node_for(students: int) -> int | None:
     ``scripts/slurm_cluster.py``, ``DISTLAB_CLUSTER_CPUS_PER_NODE``): the servers then share the
     real cores, which idle notebooks mostly leave free.
     """
-    needed = students * cores(next(iter(PROFILES.values())))
-    per_node = -(-needed // len(slurm_cluster.NODES))
+    per_node = cpus_per_node_needed(students, next(iter(PROFILES.values())), len(slurm_cluster.NODES))
     return per_node if per_node > (os.cpu_count() or 1) else None
+
+
+def cpus_per_node_needed(students: int, profile: dict, nodes: int) -> int:
+    """CPUs per node for ``students`` jobs of ``profile`` to run at once on ``nodes`` nodes.
+
+    A job takes ``tasks_per_node * cpus_per_task`` cores on each of its nodes, and a node holds
+    whole jobs only: spare cores split across the nodes help nobody. Counting cores for the
+    class as a whole (``students * cores / nodes``) gave a class of 3 on two nodes 3 CPUs a
+    node: two 2-core servers ran, each node had 1 core left, and the third student's server
+    fitted on neither. So the class's jobs are dealt out whole, ``ceil(students * profile's
+    nodes / nodes)`` to a node, and each node gets the cores of that many.
+    """
+    jobs_per_node = -(-students * int(profile["nodes"]) // nodes)
+    return jobs_per_node * int(profile["tasks_per_node"]) * int(profile["cpus_per_task"])
 
 
 def readable_by_everyone(folder: Path) -> bool:
