@@ -48,6 +48,16 @@ DEFAULT_RUNTIME = "02:00:00"
 JOB_LOG_FOLDER = ".jupyterhub-slurm"
 
 
+def squeue_format(user_width: int = 32) -> str:
+    """``squeue``'s default columns, with the user's name whole (``SQUEUE_FORMAT``).
+
+    squeue cuts every field to its width, and its default gives the user 8 characters: a class's
+    accounts ("dlc-student1", "dlc-student2", ...) all read "dlc-stud", and a student could not
+    tell which job is theirs. 32 is the longest name Debian's useradd makes; the demo passes its
+    course's longest."""
+    return f"%.18i %.9P %.8j %.{max(8, user_width)}u %.2t %.10M %.6D %R"
+
+
 def fits(profile: dict, idle_per_node: list[int]) -> bool:
     """Would a job of ``profile`` start on nodes with these free cores (one number a node)?"""
     per_node = int(profile["tasks_per_node"]) * int(profile["cpus_per_task"])
@@ -75,8 +85,9 @@ def refusal_advice(reason: str, held_cores: int, profiles: dict, idle_per_node: 
 
 
 def idle_cores(sinfo_output: str) -> list[int]:
-    """Free cores per node from ``sinfo -h -N -o '%n %C'`` (``%C``: allocated/idle/other/total;
-    a node that is down or drained counts its cores as "other", never idle)."""
+    """Free cores per node from ``sinfo -h -N -o '%N %C'`` (``%C``: allocated/idle/other/total;
+    a node that is down or drained counts its cores as "other", never idle). ``%N``, the node's
+    name, not ``%n``, its host's: the demo's nodes all run on localhost."""
     idle = {}
     for line in sinfo_output.splitlines():
         parts = line.split()
@@ -215,7 +226,7 @@ class CourseSlurmSpawner(SlurmSpawner):
     async def idle_cores_per_node(self) -> list[int] | None:
         """Free cores on each node of the partition, as Slurm counts them now; None if sinfo
         does not answer (the refusal then falls back to the smaller profiles)."""
-        cmd = ["sinfo", "-h", "-N", "-o", "%n %C"] + (["-p", self.req_partition] if self.req_partition else [])
+        cmd = ["sinfo", "-h", "-N", "-o", "%N %C"] + (["-p", self.req_partition] if self.req_partition else [])
         try:
             proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.DEVNULL)

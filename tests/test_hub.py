@@ -92,13 +92,19 @@ def log_in(chromium, hub, user: str, password: str, step: str):
     return page
 
 
-def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
-    """`make hub STUDENTS=5`'s command, as a person runs it: up, sized for its class, the URL
-    answers, Ctrl-C, nothing left."""
+# `make hub`'s prerequisites (the course environment, Debian's packages, the proxy) are made by
+# the time the tests run; -o keeps make from remaking any of them, so the recipe alone runs.
+MADE = ["-o", ".venv/.installed", "-o", "system-deps", "-o", "hub/node_modules/.bin/configurable-http-proxy"]
+
+
+def test_make_hub_prints_what_a_person_needs_and_sigterm_to_make_leaves_nothing_behind():
+    """`make hub STUDENTS=5`, as a person runs it: up, sized for its class, the URL answers;
+    then stopped as a script stops it (README): SIGTERM to make alone, which passes it on to
+    demo.py. Nothing is left."""
     course, students = hub_support.course_name("dlu"), 5
     demo_cmd = [sys.executable, str(REPO / "hub" / "demo.py")]
-    proc = subprocess.Popen([*demo_cmd, "up", "--course", course, "--students", str(students)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(["make", "--no-print-directory", *MADE, "hub", f"STUDENTS={students}", f"COURSE={course}"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -143,8 +149,12 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         released = run_dir / "exchange" / "distlab" / "outbound" / "00-first-steps" / "00-first-steps.ipynb"
         assert released.is_file() and released.stat().st_uid == pwd.getpwnam(become.group(1)).pw_uid
 
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        assert proc.wait(timeout=90) == 0, "".join(lines)
+        demo_pid = int(re.search(r"\(process (\d+);", printed).group(1))
+        assert psutil.Process(demo_pid).ppid() == proc.pid, "demo.py is not make's child"
+        proc.send_signal(signal.SIGTERM)  # to make alone: it passes SIGTERM on to demo.py and waits
+        assert proc.wait(timeout=90) == -signal.SIGTERM, "".join(lines)   # then ends as SIGTERM asked
+        reader.join(timeout=10)
+        assert "stopped. The accounts stay" in "".join(lines), "".join(lines)   # demo.py tore down in full
         assert not run_dir.exists(), "the run folder is left behind"
         left = [p.pid for p in psutil.process_iter(["cmdline"])
                 if str(run_dir) in " ".join(p.info["cmdline"] or [])]
@@ -160,6 +170,50 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         cleaned = subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
     assert f"removed {students + 1} account(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
     assert not accounts.course_accounts(course)
+
+
+def test_make_hub_stopped_while_it_comes_up_ends_what_it_had_started():
+    """SIGTERM to demo.py while its Slurm cluster is up but the hub is not yet: the start-up
+    unwinds (demo.StopAsked), ending the cluster's daemons; the run folder goes, and nothing
+    of this demo is left running. Before issue 50 the signal waited for the whole start-up."""
+    course = hub_support.course_name("dlv")
+    demo_cmd = [sys.executable, str(REPO / "hub" / "demo.py")]
+    proc = subprocess.Popen([*demo_cmd, "up", "--course", course, "--students", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not re.search(r"coming up in (\S+) ", "".join(lines)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        run_dir = Path(re.search(r"coming up in (\S+) ", "".join(lines)).group(1))
+        while not (run_dir / "c" / "ready.json").exists() and proc.poll() is None and time.monotonic() < deadline + 120:
+            time.sleep(0.2)
+        assert (run_dir / "c" / "ready.json").exists(), "".join(lines)   # the cluster is up ...
+        assert "hub is up" not in "".join(lines)                        # ... the hub not yet
+        daemons = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+        assert daemons, "no process of the demo's cluster runs"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, "".join(lines)
+        reader.join(timeout=10)
+        assert "stopped while coming up (SIGTERM)" in "".join(lines), "".join(lines)
+        assert not run_dir.exists(), "the run folder is left behind"
+        assert not [p.pid for p in daemons if alive_and_named(p, run_dir)], "the cluster's daemons outlived the stop"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
+    assert not accounts.course_accounts(course)
+
+
+def alive_and_named(process: psutil.Process, folder: Path) -> bool:
+    """Does ``process`` still run, with ``folder`` in its command line (not a new one with its pid)?"""
+    try:
+        return process.is_running() and str(folder) in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def is_culler(pid: int) -> bool:
@@ -587,4 +641,85 @@ def test_an_idle_server_is_culled_and_its_slurm_job_ends(hub, chromium):
     page = log_in(chromium, hub, student, hub["passwords"][student], "12")   # back after the break
     expect(page.locator("form#spawn_form")).to_be_visible(timeout=60_000)    # a new start is offered
     page.screenshot(path=str(ARTIFACTS / "12-after-idle-cull-spawn-again.png"))
+    page.context.close()
+
+
+def test_after_a_release_the_launch_link_leaves_one_tab_hands_in_no_checkpoint_and_squeue_names_the_student(
+        hub, chromium):
+    """Last in this module: it releases chapter 0 (the tests above open the clone's copy).
+
+    A student opened chapter 0 through its launch link before the release, so JupyterLab saved
+    the clone's tab in their workspace. After the release the same link opens the fetched copy,
+    and JupyterLab restored the clone's tab beside it: two tabs named 00-first-steps.ipynb.
+    Now the clone's tab is closed first (hub/jupyter/course_workspaces.py): one tab, the copy
+    handed in. That copy's hand-in (nbgrader submit in the server job's own environment) leaves
+    JupyterLab's checkpoint out and warns of nothing; and `squeue` there names the student whole.
+    """
+    student, slug = f"{COURSE}-student3", "00-first-steps"
+    clone = f"distlab/notebooks/{slug}/{slug}.ipynb"
+    home = Path(f"/home/{student}")
+    page = log_in(chromium, hub, student, hub["passwords"][student], "14")
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    expect(page.locator(".jp-LabShell")).to_be_visible(timeout=120_000)
+
+    page.goto(demo.launch_link(hub["url"]))
+    page.wait_for_url(re.compile(rf"/lab/tree/{re.escape(clone)}"), timeout=120_000)
+    expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+    hub_support.expect_kernel_idle(page)
+
+    def saved_tabs() -> str:
+        return "".join(f.read_text() for f in (home / ".jupyter" / "lab" / "workspaces").glob("*.jupyterlab-workspace"))
+
+    deadline = time.monotonic() + 30
+    while f'"notebook:{clone}"' not in saved_tabs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert f'"notebook:{clone}"' in saved_tabs(), "JupyterLab did not save the clone's tab: nothing to restore"
+    page.screenshot(path=str(ARTIFACTS / "14-clone-tab-before-release.png"))
+
+    teacher = hub["instructor"]
+    published = subprocess.run(hub_support.instructor_account.command(teacher, "publish", slug), cwd=teacher["course"],
+                               capture_output=True, text=True, timeout=400)
+    assert published.returncode == 0, published.stdout + published.stderr
+
+    page.goto(demo.launch_link(hub["url"]))
+    page.wait_for_url(re.compile(rf"/lab/tree/{slug}/{slug}\.ipynb"), timeout=120_000)
+    expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+    hub_support.expect_kernel_idle(page)
+    page.wait_for_timeout(3000)    # every tab JupyterLab restores is there by now
+    tabs = page.locator("#jp-main-dock-panel .lm-TabBar-tab").filter(has_text=f"{slug}.ipynb")
+    page.screenshot(path=str(ARTIFACTS / "15-one-tab-after-release.png"))
+    expect(tabs).to_have_count(1)
+    assert f"Path: {slug}/{slug}.ipynb" in (tabs.first.get_attribute("title") or ""), tabs.first.get_attribute("title")
+    assert f'"notebook:{clone}"' not in saved_tabs()
+
+    # Save (JupyterLab keeps a checkpoint beside the notebook), then hand in as the server would.
+    page.locator(".jp-NotebookPanel:visible .jp-Cell").first.click()
+    page.keyboard.press("Control+s")
+    checkpoint = home / slug / ".ipynb_checkpoints" / f"{slug}-checkpoint.ipynb"
+    deadline = time.monotonic() + 30
+    while not checkpoint.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert checkpoint.exists(), "JupyterLab kept no checkpoint: the hand-in below would prove nothing"
+    server, = [p for p in psutil.process_iter(["cmdline", "username"]) if p.info["username"] == student
+               and "jupyterhub-singleuser" in " ".join(p.info["cmdline"] or [])]
+    job_env = server.environ()
+    assert job_env.get("SQUEUE_FORMAT"), "the server's job has no SQUEUE_FORMAT"
+
+    def in_the_job(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["/usr/sbin/runuser", "-u", student, "--", "env", "-i",
+                               *[f"{k}={v}" for k, v in job_env.items()], "bash", "-c", f"cd ~ && {command}"],
+                              capture_output=True, text=True, timeout=120)
+
+    submitted = in_the_job(f"python -m nbgrader submit {slug}")
+    assert submitted.returncode == 0 and "Submitted as" in submitted.stderr, submitted.stderr
+    assert "EXTRA" not in submitted.stderr and "Possible missing" not in submitted.stderr, submitted.stderr
+    handed_in, = Path(hub["exchange"]).glob(f"distlab/inbound/{student}+{slug}+*")
+    assert (handed_in / f"{slug}.ipynb").is_file()
+    assert not list(handed_in.rglob(".ipynb_checkpoints")), sorted(p.name for p in handed_in.iterdir())
+
+    # squeue, as the student types it in the server's terminal: their job, their whole name.
+    listed = in_the_job("squeue").stdout
+    job = job_env["SLURM_JOB_ID"]
+    row, = [line.split() for line in listed.splitlines() if line.split()[:1] == [job]]
+    assert student in row, listed
     page.context.close()
