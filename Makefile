@@ -30,15 +30,18 @@ $(PROXY): hub/package.json hub/package-lock.json | system-deps
 	npm ci --prefix hub --no-audit --no-fund --loglevel=error
 	touch $(PROXY)
 
-# The demo course (hub/README.md): private Slurm cluster, accounts, hub on 127.0.0.1. Ctrl-C ends it.
-# STUDENTS=N makes N student accounts and sizes the cluster so that each gets a server at once.
+# The demo course (hub/README.md): private Slurm cluster, accounts, hub on 127.0.0.1. Ctrl-C ends it;
+# from a script, SIGTERM to make (make passes it on to demo.py) or to demo.py.
+# STUDENTS=N makes N student accounts and sizes the cluster so that each gets a server at once;
+# COURSE names the accounts (COURSE-student1 ...).
 STUDENTS ?= 3
+COURSE ?= dlc
 hub: $(STAMP) system-deps $(PROXY)
-	$(PY) hub/demo.py up --students $(STUDENTS)
+	$(PY) hub/demo.py up --students $(STUDENTS) --course $(COURSE)
 
 # Remove the demo course's Unix accounts (and their homes).
 hub-clean: $(STAMP)
-	$(PY) hub/demo.py clean
+	$(PY) hub/demo.py clean --course $(COURSE)
 
 # pyflakes, import order and bugbear over the code, tests and benchmarks (rules: pyproject.toml).
 lint: $(STAMP)

@@ -1,13 +1,14 @@
 """A whole class at a deadline, on the course hub: can it take them all at once?
 
     python benchmarks/hub_class.py                  # 30 students (as root, like `make hub`)
-    python benchmarks/hub_class.py --students 6     # tests/test_hub_class.py runs 4
+    python benchmarks/hub_class.py --students 7     # tests/test_hub_class.py runs 3
 
 What happens, as it would in a lab session that ends with a hand-in:
 
 1. **The course comes up**: hub/demo.py's ``course_hub`` (course prefix ``dlk``) with a private
    Slurm cluster sized for the class (every student can hold a server of the default profile
-   at the same time; see ``demo.cpus_per_node_for``), and a PostgreSQL gradebook, because
+   at the same time, odd classes included: servers are dealt out to the nodes whole; see
+   ``demo.cpus_per_node_for``), and a PostgreSQL gradebook, because
    ``autograde --slurm`` writes scores from many jobs at once (scripts/postgres_server.py).
    The instructor publishes chapter 0.
 2. **N students log in**: on the hub's login page (PAM checks the Unix password), then through

@@ -10,8 +10,8 @@ What it adds to ``batchspawner.SlurmSpawner``, and why:
 * **A queue timeout that says why.** A job that is still pending after ``queue_timeout``
   seconds is cancelled, and the spawn page shows Slurm's reason (``PartitionDown``,
   ``Resources``, ...) instead of JupyterHub's generic "Spawn failed: timeout", with advice
-  the student can follow (a smaller profile only if there is one). While the job waits, the
-  progress bar shows the reason and the job's place in the queue.
+  the student can follow: every profile that would start on the cores free now. While the
+  job waits, the progress bar shows the reason and the job's place in the queue.
 """
 
 from __future__ import annotations
@@ -48,15 +48,52 @@ DEFAULT_RUNTIME = "02:00:00"
 JOB_LOG_FOLDER = ".jupyterhub-slurm"
 
 
-def refusal_advice(reason: str, held_cores: int, profiles: dict) -> str:
-    """What a student whose job waited too long can actually do: a smaller profile only if one
-    exists, the instructor when the partition is down."""
+def squeue_format(user_width: int = 32) -> str:
+    """``squeue``'s default columns, with the user's name whole (``SQUEUE_FORMAT``).
+
+    squeue cuts every field to its width, and its default gives the user 8 characters: a class's
+    accounts ("dlc-student1", "dlc-student2", ...) all read "dlc-stud", and a student could not
+    tell which job is theirs. 32 is the longest name Debian's useradd makes; the demo passes its
+    course's longest."""
+    return f"%.18i %.9P %.8j %.{max(8, user_width)}u %.2t %.10M %.6D %R"
+
+
+def fits(profile: dict, idle_per_node: list[int]) -> bool:
+    """Would a job of ``profile`` start on nodes with these free cores (one number a node)?"""
+    per_node = int(profile["tasks_per_node"]) * int(profile["cpus_per_task"])
+    return sum(idle >= per_node for idle in idle_per_node) >= int(profile["nodes"])
+
+
+def refusal_advice(reason: str, held_cores: int, profiles: dict, idle_per_node: list[int] | None = None) -> str:
+    """What a student whose job waited too long can actually do: every profile that would start
+    now, from the cores each node has free (``idle_per_node``; None when Slurm did not say, then
+    the smaller profiles); the instructor when the partition is down.
+
+    Free cores, not a profile's size, decide: with one core free on each of two nodes, "2
+    nodes, 1 task each" starts and "1 node, 2 tasks" (the same two cores) does not."""
     if reason.startswith("Partition"):
         return "The partition is down: try again later or ask your instructor."
-    smaller = [p["title"] for p in profiles.values() if cores(p) < held_cores]
-    if smaller:
-        return f"The cluster is busy: try again later, or pick a smaller profile ({'; '.join(smaller)})."
+    if idle_per_node is None:
+        could = [p["title"] for p in profiles.values() if cores(p) < held_cores]
+        if could:
+            return f"The cluster is busy: try again later, or pick a smaller profile ({'; '.join(could)})."
+    else:
+        could = [p["title"] for p in profiles.values() if fits(p, idle_per_node)]
+        if could:
+            return f"The cluster is busy: these profiles would start now: {'; '.join(could)}."
     return "The cluster is busy: try again in a few minutes, or ask your instructor how busy it is."
+
+
+def idle_cores(sinfo_output: str) -> list[int]:
+    """Free cores per node from ``sinfo -h -N -o '%N %C'`` (``%C``: allocated/idle/other/total;
+    a node that is down or drained counts its cores as "other", never idle). ``%N``, the node's
+    name, not ``%n``, its host's: the demo's nodes all run on localhost."""
+    idle = {}
+    for line in sinfo_output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].count("/") == 3:
+            idle[parts[0]] = int(parts[1].split("/")[1])   # a node in two partitions is listed twice
+    return list(idle.values())
 
 
 class SpawnRefused(SpawnException):
@@ -179,11 +216,24 @@ class CourseSlurmSpawner(SlurmSpawner):
                 reason, job = self.pending_reason() or "unknown", self.job_id
                 await self.cancel_batch_job()
                 self.clear_state()
+                idle = await self.idle_cores_per_node()
                 raise SpawnRefused(
                     f"Your server could not start: its Slurm job {job} waited {self.queue_timeout} s in "
                     f"the queue (Slurm's reason: {reason}) and has been cancelled. "
-                    + refusal_advice(reason, cores(self.user_options), self.profiles), "queue")
+                    + refusal_advice(reason, cores(self.user_options), self.profiles, idle), "queue")
         return task.result()
+
+    async def idle_cores_per_node(self) -> list[int] | None:
+        """Free cores on each node of the partition, as Slurm counts them now; None if sinfo
+        does not answer (the refusal then falls back to the smaller profiles)."""
+        cmd = ["sinfo", "-h", "-N", "-o", "%N %C"] + (["-p", self.req_partition] if self.req_partition else [])
+        try:
+            proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.DEVNULL)
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        return idle_cores(out.decode()) if proc.returncode == 0 else None
 
     async def queue_position(self) -> tuple[int, int] | None:
         """(this job's place, jobs waiting) in its partition's queue, in Slurm's order (priority,

@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 import accounts  # noqa: E402
 import instructor_account  # noqa: E402
 import slurm_cluster  # noqa: E402
-from course_spawner import PROFILES, cores  # noqa: E402
+from course_spawner import PROFILES, squeue_format  # noqa: E402
 from free_port import free_port  # noqa: E402
 
 COURSE = "dlc"
@@ -69,9 +69,22 @@ def cpus_per_node_for(students: int) -> int | None:
     ``scripts/slurm_cluster.py``, ``DISTLAB_CLUSTER_CPUS_PER_NODE``): the servers then share the
     real cores, which idle notebooks mostly leave free.
     """
-    needed = students * cores(next(iter(PROFILES.values())))
-    per_node = -(-needed // len(slurm_cluster.NODES))
+    per_node = cpus_per_node_needed(students, next(iter(PROFILES.values())), len(slurm_cluster.NODES))
     return per_node if per_node > (os.cpu_count() or 1) else None
+
+
+def cpus_per_node_needed(students: int, profile: dict, nodes: int) -> int:
+    """CPUs per node for ``students`` jobs of ``profile`` to run at once on ``nodes`` nodes.
+
+    A job takes ``tasks_per_node * cpus_per_task`` cores on each of its nodes, and a node holds
+    whole jobs only: spare cores split across the nodes help nobody. Counting cores for the
+    class as a whole (``students * cores / nodes``) gave a class of 3 on two nodes 3 CPUs a
+    node: two 2-core servers ran, each node had 1 core left, and the third student's server
+    fitted on neither. So the class's jobs are dealt out whole, ``ceil(students * profile's
+    nodes / nodes)`` to a node, and each node gets the cores of that many.
+    """
+    jobs_per_node = -(-students * int(profile["nodes"]) // nodes)
+    return jobs_per_node * int(profile["tasks_per_node"]) * int(profile["cpus_per_task"])
 
 
 def readable_by_everyone(folder: Path) -> bool:
@@ -296,7 +309,8 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                    DISTLAB_HUB_SERVER_PYTHON=str(python), DISTLAB_HUB_QUEUE_TIMEOUT=str(queue_timeout),
                    DISTLAB_HUB_IDLE_TIMEOUT=str(idle_timeout), DISTLAB_HUB_ACTIVITY_INTERVAL=str(activity_interval),
                    DISTLAB_HUB_PARTITION=cluster["partition"],
-                   DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}", DISTLAB_HUB_EXCHANGE=str(exchange))
+                   DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}", DISTLAB_HUB_EXCHANGE=str(exchange),
+                   DISTLAB_HUB_SQUEUE_FORMAT=squeue_format(max(map(len, passwords))))
         # The hub's log is root's alone: at DEBUG it holds every server's API token, and at any
         # level the students' names and what they did.
         log = run_dir / "hub.log"
@@ -309,10 +323,11 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
         try:
             instructor = instructor_account.set_up(run_dir, instructor_of(course), REPO, grading, course_env,
                                                    exchange, cluster["slurm_conf"])
+            instructor["environment"]["SQUEUE_FORMAT"] = env["DISTLAB_HUB_SQUEUE_FORMAT"]   # their `squeue` too
             _wait_for(lambda: _hub_ready(log, url), START_TIMEOUT, "JupyterHub did not answer", hub, log)
             yield {"url": url, "passwords": passwords, "slurm_conf": cluster["slurm_conf"],
                    "cluster": cluster, "log": log, "mirror": mirror, "hub_pid": hub.pid, "exchange": exchange,
-                   "server_python": python, "grading": grading,
+                   "server_python": python, "grading": grading, "squeue_format": env["DISTLAB_HUB_SQUEUE_FORMAT"],
                    # who runs `python -m distlab.grade`, from where: instructor_account.command(hub["instructor"], ...)
                    "instructor": instructor}
         finally:
@@ -341,14 +356,39 @@ def launch_link(url: str, notebook: str = "notebooks/00-first-steps/00-first-ste
     return f"{url}/hub/user-redirect/git-pull?{query}"
 
 
+class StopAsked(BaseException):
+    """A signal asked the demo to stop while it was still coming up. Raised from the signal
+    handler, as KeyboardInterrupt is: the start-up unwinds, and each piece already started is
+    ended by its context manager on the way out."""
+
+
 def up(course: str, students: int = 3) -> int:
+    """Bring the demo up, print what a person needs, and serve until SIGINT, SIGTERM or SIGHUP.
+
+    Each signal stops it the same way: Ctrl-C in a terminal (SIGINT to the whole process
+    group, make's included: make waits for its child), SIGTERM to ``make`` (GNU make passes
+    SIGTERM on to its child, this process, then exits with 143), or any of them to this process
+    from a script or a service manager. Once up, the main loop notices the signal and leaves
+    the ``course_hub`` block; while still coming up, the first signal raises StopAsked, which
+    unwinds the start-up (a later one is only noted, so nothing interrupts the teardown).
+    """
     run_dir = Path(tempfile.mkdtemp(prefix="distlab-hub-", dir="/tmp"))
-    stopping = []
+    stopping, serving = [], []
+
+    def stop(signum, _frame) -> None:
+        first = not stopping
+        stopping.append(signum)
+        if first and not serving:
+            raise StopAsked(signal.Signals(signum).name)
+
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stopping.append(True))
+        signal.signal(sig, stop)
+    print(f"course hub: coming up in {run_dir} (process {os.getpid()}; Ctrl-C or SIGTERM stops it)", flush=True)
     try:
         with course_hub(run_dir, course, students=students) as hub:
-            print(f"\nThe demo course hub is up: {hub['url']}   (Ctrl-C ends it)\n", flush=True)
+            serving.append(True)
+            print(f"\nThe demo course hub is up: {hub['url']}   (Ctrl-C ends it; from a script, SIGTERM to "
+                  f"make or to process {os.getpid()})\n", flush=True)
             declared = cpus_per_node_for(students)
             print(f"Sized for {students} students, each server a Slurm job of the default profile "
                   f"({next(iter(PROFILES.values()))['title']}): "
@@ -367,10 +407,13 @@ def up(course: str, students: int = 3) -> int:
                   f"  source {profile}\n"
                   f"  python -m distlab.grade publish 00-first-steps --due \"{example_due_date()}\"\n"
                   "  python -m distlab.grade collect 00-first-steps   # then autograde, feedback, return")
-            print(f"\nSlurm: export SLURM_CONF={hub['slurm_conf']}; squeue    Hub log: {hub['log']}", flush=True)
+            print(f"\nSlurm: export SLURM_CONF={hub['slurm_conf']}; export SQUEUE_FORMAT='{hub['squeue_format']}'; "
+                  f"squeue    Hub log: {hub['log']}", flush=True)
             while not stopping:
                 time.sleep(0.5)
             print("\nstopping: hub, jobs, Slurm daemons ...")
+    except StopAsked as asked:
+        print(f"\nstopped while coming up ({asked}): hub, jobs and Slurm daemons ended.", flush=True)
     except (HubError, slurm_cluster.ClusterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from course_spawner import PROFILES, CourseSlurmSpawner  # noqa: E402
+from course_spawner import PROFILES, CourseSlurmSpawner, squeue_format  # noqa: E402
 
 c = get_config()  # noqa: F821  (defined by JupyterHub when it loads this file)
 
@@ -63,6 +63,9 @@ c.Spawner.environment = {
     # kernels and the ranks that distlab starts with srun use it on every node.
     "PATH": f"{server_python.parent}:{course_env / 'bin'}:/usr/local/bin:/usr/bin:/bin",
     "SLURM_CONF": os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"),
+    # `squeue` in the student's terminal shows whole user names (its default cuts them to 8
+    # characters: "dlc-stud" for every student); `squeue --me` lists the student's jobs alone.
+    "SQUEUE_FORMAT": os.environ.get("DISTLAB_HUB_SQUEUE_FORMAT", squeue_format()),
     # Jupyter's settings: first the hub's (hub/jupyter: nbgrader's course and exchange, and
     # the instructor-only parts of nbgrader switched off), then the course environment's
     # extensions (nbgitpuller, nbgrader), kernels and JupyterLab's assets.

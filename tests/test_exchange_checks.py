@@ -175,3 +175,44 @@ def test_ungraded_names_each_student_nbgrader_could_not_grade_and_why():
     ]
     assert ungraded(log) == {"bob": "nbformat.reader.NotJSONError: Notebook does not appear to be JSON: '{\"cells\"...'",
                              "dan": "see the log above"}
+
+
+def _hand_in(home: Path, exchange_root: Path) -> str:
+    """``nbgrader submit`` as a student's server runs it (hub/jupyter first on its config
+    path), from ``home``; its log."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_PATH=str(repo / "hub" / "jupyter"),
+               DISTLAB_HUB_EXCHANGE=str(exchange_root))
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "submit", ASSIGNMENT], cwd=home, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Submitted as" in done.stderr, done.stderr
+    return done.stderr
+
+
+def test_a_hand_in_leaves_jupyterlab_s_checkpoints_out_and_warns_of_nothing_it_did_not_hand_in(tmp_path):
+    """JupyterLab keeps a checkpoint of every notebook opened, beside it; nbgrader's submit
+    left it out of the exchange but warned of it as an "EXTRA" notebook at every hand-in
+    (hub/jupyter/course_exchange.py). A real extra notebook is still warned of."""
+    root, home = tmp_path / "exchange", tmp_path / "home"
+    release = root / "distlab" / "outbound" / ASSIGNMENT
+    release.mkdir(parents=True)
+    (root / "distlab" / "inbound").mkdir()
+    (release / f"{ASSIGNMENT}.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    fetched = home / ASSIGNMENT
+    (fetched / ".ipynb_checkpoints").mkdir(parents=True)
+    (fetched / f"{ASSIGNMENT}.ipynb").write_text((release / f"{ASSIGNMENT}.ipynb").read_text())
+    (fetched / ".ipynb_checkpoints" / f"{ASSIGNMENT}-checkpoint.ipynb").write_text(
+        (release / f"{ASSIGNMENT}.ipynb").read_text())
+
+    log = _hand_in(home, root)
+    assert "EXTRA" not in log and "Possible missing notebooks" not in log, log
+    handed_in, = (root / "distlab" / "inbound").iterdir()
+    assert f"{ASSIGNMENT}.ipynb" in os.listdir(handed_in)
+    assert not list(handed_in.rglob(".ipynb_checkpoints")), sorted(os.listdir(handed_in))
+
+    (fetched / "scratch.ipynb").write_text((release / f"{ASSIGNMENT}.ipynb").read_text())
+    log = _hand_in(home, root)
+    assert "scratch.ipynb: EXTRA" in log and "checkpoint" not in log, log

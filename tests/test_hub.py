@@ -2,8 +2,8 @@
 two-node Slurm cluster, PAM accounts, configurable-http-proxy from npm, nbgitpuller.
 
 One module-scoped hub (hub/demo.py's ``course_hub``: the same pieces `make hub` brings up,
-with a test course prefix ``dlt`` and a 20 s queue timeout). Students drive Debian's Chromium
-through Playwright; screenshots of every step go to artifacts/hub/. Nothing is mocked: PAM
+with a test course prefix ``dlt``, a class of 3 and a 20 s queue timeout). Students drive
+Debian's Chromium through Playwright; screenshots of every step go to artifacts/hub/. Nothing is mocked: PAM
 checks real passwords, every server is a Slurm job of its student, the notebook's ranks are
 `srun` steps of that job.
 """
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 @pytest.fixture(scope="module")
 def hub():
-    yield from hub_support.course_hub_for_a_module(COURSE, students=2, queue_timeout=20, artifacts=ARTIFACTS,
+    yield from hub_support.course_hub_for_a_module(COURSE, students=3, queue_timeout=20, artifacts=ARTIFACTS,
                                                    idle_timeout=IDLE_TIMEOUT, activity_interval=ACTIVITY_INTERVAL)
 
 
@@ -92,13 +92,19 @@ def log_in(chromium, hub, user: str, password: str, step: str):
     return page
 
 
-def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
-    """`make hub STUDENTS=5`'s command, as a person runs it: up, sized for its class, the URL
-    answers, Ctrl-C, nothing left."""
+# `make hub`'s prerequisites (the course environment, Debian's packages, the proxy) are made by
+# the time the tests run; -o keeps make from remaking any of them, so the recipe alone runs.
+MADE = ["-o", ".venv/.installed", "-o", "system-deps", "-o", "hub/node_modules/.bin/configurable-http-proxy"]
+
+
+def test_make_hub_prints_what_a_person_needs_and_sigterm_to_make_leaves_nothing_behind():
+    """`make hub STUDENTS=5`, as a person runs it: up, sized for its class, the URL answers;
+    then stopped as a script stops it (README): SIGTERM to make alone, which passes it on to
+    demo.py. Nothing is left."""
     course, students = hub_support.course_name("dlu"), 5
     demo_cmd = [sys.executable, str(REPO / "hub" / "demo.py")]
-    proc = subprocess.Popen([*demo_cmd, "up", "--course", course, "--students", str(students)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(["make", "--no-print-directory", *MADE, "hub", f"STUDENTS={students}", f"COURSE={course}"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -112,14 +118,15 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         accounts_printed = re.findall(rf"^\s+({course}-\w+)\s+password (\S+)$", printed, re.M)
         assert sorted(user for user, _ in accounts_printed) == [f"{course}-instructor1"] + [
             f"{course}-student{i}" for i in range(1, students + 1)]
-        # Five servers of the default profile (2 cores) need 10 cores: each of the two nodes
-        # declares 5 CPUs (more than this machine has), and Slurm takes them: the nodes are idle.
-        assert demo.cpus_per_node_for(students) == 5
-        assert f"Sized for {students} students" in printed and "each of the 2 nodes declares 5 CPUs" in printed
+        # Five servers of the default profile (1 node, 2 cores), whole on a node: three on one,
+        # two on the other. Each of the two nodes declares 6 CPUs (more than this machine has),
+        # and Slurm takes them: the nodes are idle.
+        assert demo.cpus_per_node_for(students) == 6
+        assert f"Sized for {students} students" in printed and "each of the 2 nodes declares 6 CPUs" in printed
         slurm_conf = re.search(r"export SLURM_CONF=(\S+);", printed).group(1)
         nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %t"], capture_output=True, text=True, timeout=20,
                                env=dict(os.environ, SLURM_CONF=slurm_conf)).stdout.split("\n")
-        assert sorted(line.split() for line in nodes if line) == [["distlab-n1", "5", "idle"], ["distlab-n2", "5", "idle"]]
+        assert sorted(line.split() for line in nodes if line) == [["distlab-n1", "6", "idle"], ["distlab-n2", "6", "idle"]]
         assert demo.launch_link(url) in printed
         assert re.search(r'distlab\.grade publish 00-first-steps --due "\d{4}-\d\d-\d\d 17:00:00 UTC"', printed), printed
         with urllib.request.urlopen(url + "/hub/login", timeout=10) as response:
@@ -142,8 +149,12 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         released = run_dir / "exchange" / "distlab" / "outbound" / "00-first-steps" / "00-first-steps.ipynb"
         assert released.is_file() and released.stat().st_uid == pwd.getpwnam(become.group(1)).pw_uid
 
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        assert proc.wait(timeout=90) == 0, "".join(lines)
+        demo_pid = int(re.search(r"\(process (\d+);", printed).group(1))
+        assert psutil.Process(demo_pid).ppid() == proc.pid, "demo.py is not make's child"
+        proc.send_signal(signal.SIGTERM)  # to make alone: it passes SIGTERM on to demo.py and waits
+        assert proc.wait(timeout=90) == -signal.SIGTERM, "".join(lines)   # then ends as SIGTERM asked
+        reader.join(timeout=10)
+        assert "stopped. The accounts stay" in "".join(lines), "".join(lines)   # demo.py tore down in full
         assert not run_dir.exists(), "the run folder is left behind"
         left = [p.pid for p in psutil.process_iter(["cmdline"])
                 if str(run_dir) in " ".join(p.info["cmdline"] or [])]
@@ -159,6 +170,50 @@ def test_make_hub_prints_what_a_person_needs_and_ctrl_c_leaves_nothing_behind():
         cleaned = subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
     assert f"removed {students + 1} account(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
     assert not accounts.course_accounts(course)
+
+
+def test_make_hub_stopped_while_it_comes_up_ends_what_it_had_started():
+    """SIGTERM to demo.py while its Slurm cluster is up but the hub is not yet: the start-up
+    unwinds (demo.StopAsked), ending the cluster's daemons; the run folder goes, and nothing
+    of this demo is left running. Before issue 50 the signal waited for the whole start-up."""
+    course = hub_support.course_name("dlv")
+    demo_cmd = [sys.executable, str(REPO / "hub" / "demo.py")]
+    proc = subprocess.Popen([*demo_cmd, "up", "--course", course, "--students", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not re.search(r"coming up in (\S+) ", "".join(lines)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        run_dir = Path(re.search(r"coming up in (\S+) ", "".join(lines)).group(1))
+        while not (run_dir / "c" / "ready.json").exists() and proc.poll() is None and time.monotonic() < deadline + 120:
+            time.sleep(0.2)
+        assert (run_dir / "c" / "ready.json").exists(), "".join(lines)   # the cluster is up ...
+        assert "hub is up" not in "".join(lines)                        # ... the hub not yet
+        daemons = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+        assert daemons, "no process of the demo's cluster runs"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, "".join(lines)
+        reader.join(timeout=10)
+        assert "stopped while coming up (SIGTERM)" in "".join(lines), "".join(lines)
+        assert not run_dir.exists(), "the run folder is left behind"
+        assert not [p.pid for p in daemons if alive_and_named(p, run_dir)], "the cluster's daemons outlived the stop"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        subprocess.run([*demo_cmd, "clean", "--course", course], capture_output=True, text=True, timeout=60)
+    assert not accounts.course_accounts(course)
+
+
+def alive_and_named(process: psutil.Process, folder: Path) -> bool:
+    """Does ``process`` still run, with ``folder`` in its command line (not a new one with its pid)?"""
+    try:
+        return process.is_running() and str(folder) in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def is_culler(pid: int) -> bool:
@@ -415,16 +470,99 @@ def test_a_job_that_cannot_start_is_cancelled_and_the_student_told_why(hub, chro
         scontrol(hub, "update", f"PartitionName={hub['cluster']['partition']}", "State=UP")
 
 
-def test_a_refusal_advises_only_what_the_student_can_do():
-    """A smaller profile is suggested only to a student who has a smaller one to pick."""
-    from course_spawner import PROFILES, cores, refusal_advice
+def test_a_refusal_names_every_profile_that_would_start_now():
+    """The advice comes from the cores each node has free, not from the profiles' sizes: one
+    core free on each of two nodes starts "2 nodes, 1 task each" (and "1 node, 1 task"), never
+    "1 node, 2 tasks", though all three need no more than the two cores free."""
+    from course_spawner import PROFILES, cores, idle_cores, refusal_advice
 
-    smallest = min(cores(p) for p in PROFILES.values())
-    assert smallest == 1, "the hub offers a one-core profile for a full cluster"
-    assert "pick a smaller profile (1 node, 1 task)." in refusal_advice("Resources", 2, PROFILES)
-    on_the_smallest = refusal_advice("Resources", smallest, PROFILES)
-    assert "smaller profile" not in on_the_smallest and "try again in a few minutes" in on_the_smallest
-    assert refusal_advice("PartitionDown", 2, PROFILES) == "The partition is down: try again later or ask your instructor."
+    assert min(cores(p) for p in PROFILES.values()) == 1, "the hub offers a one-core profile for a full cluster"
+    one_free_on_each = refusal_advice("Resources", 2, PROFILES, [1, 1])
+    assert one_free_on_each.endswith("would start now: 2 nodes, 1 task each; 1 node, 1 task."), one_free_on_each
+    assert "1 node, 2 tasks" not in one_free_on_each
+    assert refusal_advice("Resources", 2, PROFILES, [2, 0]).endswith("would start now: 1 node, 2 tasks; 1 node, 1 task.")
+    assert refusal_advice("Resources", 2, PROFILES, [3, 2]).endswith(
+        "would start now: 1 node, 2 tasks; 2 nodes, 1 task each; 1 node, 1 task.")
+    full = refusal_advice("Resources", 1, PROFILES, [0, 0])
+    assert "would start now" not in full and "try again in a few minutes" in full
+    # Slurm did not say what is free: the smaller profiles, if there are any.
+    assert "pick a smaller profile (1 node, 1 task)." in refusal_advice("Resources", 2, PROFILES, None)
+    assert "try again in a few minutes" in refusal_advice("Resources", 1, PROFILES, None)
+    assert refusal_advice("PartitionDown", 2, PROFILES, [4, 4]) == (
+        "The partition is down: try again later or ask your instructor.")
+    # sinfo's %C is allocated/idle/other/total; a node down or drained has its cores in "other".
+    assert idle_cores("distlab-n1 3/1/0/4\ndistlab-n2 0/0/4/4\n") == [1, 0]
+
+
+def test_every_student_of_any_class_fits_the_demo_cluster_with_the_default_profile():
+    """`make hub STUDENTS=N` for every N up to 40, odd ones included: Slurm deals the class's
+    servers out to the nodes whole (the first node with room first, as select/cons_tres
+    does with equal nodes), and every one starts. Before issue 50 a class of 3 got 3 CPUs a
+    node: two servers ran and the third fitted on neither node."""
+    from course_spawner import PROFILES, fits
+
+    default, nodes = next(iter(PROFILES.values())), len(demo.slurm_cluster.NODES)
+    per_node_of_a_job = default["tasks_per_node"] * default["cpus_per_task"]
+
+    def all_start(students: int, declared: int) -> bool:
+        free = [declared] * nodes
+        for _ in range(students):
+            if not fits(default, free):
+                return False
+            for i in [i for i in range(nodes) if free[i] >= per_node_of_a_job][:default["nodes"]]:
+                free[i] -= per_node_of_a_job
+        return True
+
+    assert demo.cpus_per_node_needed(3, default, nodes) == 4
+    assert not all_start(3, 3), "the sizing before issue 50 (3 CPUs a node for 3 students) is not caught"
+    for students in range(1, 41):
+        declared = demo.cpus_per_node_needed(students, default, nodes)
+        assert all_start(students, declared), f"{students} students, {declared} CPUs a node: one waits"
+        # and no more than that: a server's cores less on each node and someone would wait
+        assert not all_start(students, declared - per_node_of_a_job), (students, declared)
+
+
+def test_a_class_of_three_holds_three_servers_and_a_refusal_offers_two_nodes(hub, chromium):
+    """The module's hub is a class of 3 (an odd class): three jobs of the default profile's
+    shape, one per student, all run at once. Then only one core is left free on each node:
+    the default profile waits ("Resources"), and the refusal names the profiles that would
+    start, "2 nodes, 1 task each" first."""
+    students = sorted(user for user in hub["passwords"] if "student" in user)
+    assert len(students) == 3
+    env = dict(os.environ, SLURM_CONF=hub["slurm_conf"])
+    default = next(iter(demo.PROFILES.values()))
+    for student in students:       # as each student, the shape the spawner asks for
+        subprocess.run(["/usr/sbin/runuser", "-u", student, "--", "sbatch", "--parsable", "--output=/dev/null",
+                        f"--nodes={default['nodes']}", f"--ntasks-per-node={default['tasks_per_node']}",
+                        f"--cpus-per-task={default['cpus_per_task']}", "--wrap=sleep 600"],
+                       check=True, capture_output=True, timeout=30, env=env, cwd="/tmp")
+    deadline = time.monotonic() + 60
+    while sorted(row[1] for row in squeue(hub, "--format=%i %T")) != ["RUNNING"] * 3 and time.monotonic() < deadline:
+        time.sleep(1)
+    rows = squeue(hub, "--format=%i %T %r")
+    assert sorted(row[1] for row in rows) == ["RUNNING"] * 3, f"a student of three waits: {rows}"
+    subprocess.run(["scancel", *[row[0] for row in rows]], check=True, capture_output=True, timeout=30, env=env)
+    deadline = time.monotonic() + 60
+    while squeue(hub) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+    # Hold all but one core of each node (root's jobs): one core free on each.
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c"], capture_output=True, text=True, timeout=20,
+                           env=env, check=True).stdout.split("\n")
+    for node, cpus in (line.split() for line in nodes if line.strip()):
+        subprocess.run(["sbatch", "--parsable", "--output=/dev/null", f"--nodelist={node}", "--nodes=1",
+                        f"--ntasks={int(cpus) - 1}", "--wrap=sleep 600"], check=True, capture_output=True,
+                       timeout=30, env=env, cwd="/tmp")
+    student = students[2]
+    page = log_in(chromium, hub, student, hub["passwords"][student], "13")
+    page.check("input[name=profile][value='1x2']")
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    expect(page.locator("body")).to_contain_text("Your server could not start", timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "13-refused-two-nodes-offered.png"))
+    message = page.locator("body").inner_text()
+    assert "Slurm's reason: Resources" in message, message
+    assert "these profiles would start now: 2 nodes, 1 task each; 1 node, 1 task." in message, message
+    page.context.close()
 
 
 def test_a_server_past_its_time_limit_is_noticed_and_can_start_again(hub, chromium):
@@ -503,4 +641,85 @@ def test_an_idle_server_is_culled_and_its_slurm_job_ends(hub, chromium):
     page = log_in(chromium, hub, student, hub["passwords"][student], "12")   # back after the break
     expect(page.locator("form#spawn_form")).to_be_visible(timeout=60_000)    # a new start is offered
     page.screenshot(path=str(ARTIFACTS / "12-after-idle-cull-spawn-again.png"))
+    page.context.close()
+
+
+def test_after_a_release_the_launch_link_leaves_one_tab_hands_in_no_checkpoint_and_squeue_names_the_student(
+        hub, chromium):
+    """Last in this module: it releases chapter 0 (the tests above open the clone's copy).
+
+    A student opened chapter 0 through its launch link before the release, so JupyterLab saved
+    the clone's tab in their workspace. After the release the same link opens the fetched copy,
+    and JupyterLab restored the clone's tab beside it: two tabs named 00-first-steps.ipynb.
+    Now the clone's tab is closed first (hub/jupyter/course_workspaces.py): one tab, the copy
+    handed in. That copy's hand-in (nbgrader submit in the server job's own environment) leaves
+    JupyterLab's checkpoint out and warns of nothing; and `squeue` there names the student whole.
+    """
+    student, slug = f"{COURSE}-student3", "00-first-steps"
+    clone = f"distlab/notebooks/{slug}/{slug}.ipynb"
+    home = Path(f"/home/{student}")
+    page = log_in(chromium, hub, student, hub["passwords"][student], "14")
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    expect(page.locator(".jp-LabShell")).to_be_visible(timeout=120_000)
+
+    page.goto(demo.launch_link(hub["url"]))
+    page.wait_for_url(re.compile(rf"/lab/tree/{re.escape(clone)}"), timeout=120_000)
+    expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+    hub_support.expect_kernel_idle(page)
+
+    def saved_tabs() -> str:
+        return "".join(f.read_text() for f in (home / ".jupyter" / "lab" / "workspaces").glob("*.jupyterlab-workspace"))
+
+    deadline = time.monotonic() + 30
+    while f'"notebook:{clone}"' not in saved_tabs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert f'"notebook:{clone}"' in saved_tabs(), "JupyterLab did not save the clone's tab: nothing to restore"
+    page.screenshot(path=str(ARTIFACTS / "14-clone-tab-before-release.png"))
+
+    teacher = hub["instructor"]
+    published = subprocess.run(hub_support.instructor_account.command(teacher, "publish", slug), cwd=teacher["course"],
+                               capture_output=True, text=True, timeout=400)
+    assert published.returncode == 0, published.stdout + published.stderr
+
+    page.goto(demo.launch_link(hub["url"]))
+    page.wait_for_url(re.compile(rf"/lab/tree/{slug}/{slug}\.ipynb"), timeout=120_000)
+    expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+    hub_support.expect_kernel_idle(page)
+    page.wait_for_timeout(3000)    # every tab JupyterLab restores is there by now
+    tabs = page.locator("#jp-main-dock-panel .lm-TabBar-tab").filter(has_text=f"{slug}.ipynb")
+    page.screenshot(path=str(ARTIFACTS / "15-one-tab-after-release.png"))
+    expect(tabs).to_have_count(1)
+    assert f"Path: {slug}/{slug}.ipynb" in (tabs.first.get_attribute("title") or ""), tabs.first.get_attribute("title")
+    assert f'"notebook:{clone}"' not in saved_tabs()
+
+    # Save (JupyterLab keeps a checkpoint beside the notebook), then hand in as the server would.
+    page.locator(".jp-NotebookPanel:visible .jp-Cell").first.click()
+    page.keyboard.press("Control+s")
+    checkpoint = home / slug / ".ipynb_checkpoints" / f"{slug}-checkpoint.ipynb"
+    deadline = time.monotonic() + 30
+    while not checkpoint.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert checkpoint.exists(), "JupyterLab kept no checkpoint: the hand-in below would prove nothing"
+    server, = [p for p in psutil.process_iter(["cmdline", "username"]) if p.info["username"] == student
+               and "jupyterhub-singleuser" in " ".join(p.info["cmdline"] or [])]
+    job_env = server.environ()
+    assert job_env.get("SQUEUE_FORMAT"), "the server's job has no SQUEUE_FORMAT"
+
+    def in_the_job(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["/usr/sbin/runuser", "-u", student, "--", "env", "-i",
+                               *[f"{k}={v}" for k, v in job_env.items()], "bash", "-c", f"cd ~ && {command}"],
+                              capture_output=True, text=True, timeout=120)
+
+    submitted = in_the_job(f"python -m nbgrader submit {slug}")
+    assert submitted.returncode == 0 and "Submitted as" in submitted.stderr, submitted.stderr
+    assert "EXTRA" not in submitted.stderr and "Possible missing" not in submitted.stderr, submitted.stderr
+    handed_in, = Path(hub["exchange"]).glob(f"distlab/inbound/{student}+{slug}+*")
+    assert (handed_in / f"{slug}.ipynb").is_file()
+    assert not list(handed_in.rglob(".ipynb_checkpoints")), sorted(p.name for p in handed_in.iterdir())
+
+    # squeue, as the student types it in the server's terminal: their job, their whole name.
+    listed = in_the_job("squeue").stdout
+    job = job_env["SLURM_JOB_ID"]
+    row, = [line.split() for line in listed.splitlines() if line.split()[:1] == [job]]
+    assert student in row, listed
     page.context.close()

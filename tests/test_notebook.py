@@ -194,3 +194,32 @@ def test_a_killed_kernel_takes_its_pool_with_it(tmp_path):
         kc.stop_channels()
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         assert not wait_until_gone(pids, 5.0), "pool ranks survived their kernel"
+
+
+@pytest.mark.slow
+def test_a_cell_out_of_time_says_in_one_line_how_to_give_it_more_and_shows_no_runtime_frames():
+    """A ``%%distributed`` cell may run 10 minutes unless the notebook or the cell says
+    otherwise; one that runs out ends with the message alone, its first line saying how to give
+    the cell more time (the cell's own first line, changed), not with frames of the runtime's
+    watcher."""
+    magics = "get_ipython().find_cell_magic('distributed').__self__"
+    nb = execute([
+        (f"import distlab\n%load_ext distlab\n{magics}.timeout", []),
+        ("%distributed --timeout 2", []),
+        (f"{magics}.timeout", []),
+        ("%%distributed -n 2 --out x\nimport time\ntime.sleep(60)", ["raises-exception"]),
+        ("%%distributed -n 2 --timeout=1\nimport time\ntime.sleep(60)", ["raises-exception"]),
+    ])
+    out = [text_of(c) for c in nb.cells]
+    assert out[0].strip() == "600.0", out[0]           # the default, before the notebook changes it
+    assert "cells now run for up to 2 s" in out[1] and out[2].strip() == "2.0", out[1:3]
+    for cell, limit, first_line in ((nb.cells[3], 2, "%%distributed -n 2 --out x --timeout 60"),
+                                    (nb.cells[4], 1, "%%distributed -n 2 --timeout 60")):
+        error, = [o for o in cell.outputs if o.output_type == "error"]
+        assert error.ename == "DistTimeout"
+        assert error.evalue.split("\n")[0] == (
+            f"the run did not finish within {limit} s. To give it more time, make the cell's first line "
+            f"`{first_line}`, or run `%distributed --timeout 60` once for every cell of this notebook."), error.evalue
+        assert "rank 0: " in error.evalue and "rank 1: " in error.evalue
+        shown = "\n".join(error.traceback)
+        assert "watcher" not in shown and "distlab/runtime" not in shown and "File " not in shown, shown

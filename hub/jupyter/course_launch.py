@@ -14,7 +14,8 @@ fetched already, and the browser is sent to ``/lab/tree/<slug>/<slug>.ipynb``, t
 Submit hands in. Fetching never overwrites: a fetched folder is kept as it is, only a notebook
 missing from it is put back (nbgrader's ``replace_missing_files``). Without a released
 assignment (a course that hands in another way, or before the release) the clone's notebook
-opens, as before.
+opens, as before. A tab of the clone's notebook that JupyterLab would restore from an earlier
+visit is closed first (``course_workspaces``): one tab per notebook, the one handed in.
 
 Loaded through ``jupyter_server_config.py`` beside this file. Extensions load in alphabetical
 order of their names, so this route (``course_launch``) is registered before
@@ -29,6 +30,7 @@ import os
 from pathlib import Path
 
 from course_sessions import OpenNotebookWithKernel
+from course_workspaces import close_tabs_of
 from jupyter_server.utils import url_escape, url_path_join
 from tornado import web
 
@@ -44,9 +46,22 @@ class OpenTheCopyHandedIn(OpenNotebookWithKernel):
         handed_in = self.fetched_notebook(slug)
         if handed_in is None:
             return await super().get(mode, workspace, tree)
+        # The clone's tab, open since an earlier visit, would be restored beside the copy handed in.
+        clone = tree.removeprefix("/tree/")
+        if close_tabs_of(self.workspaces_dir(), clone):
+            self.log.info("course_launch: closed the tab of %s, which the launch button now opens as %s", clone, handed_in)
         target = url_path_join(self.base_url, "lab", "tree", url_escape(handed_in))
         query = self.request.query
         self.redirect(f"{target}?{query}" if query else target)
+
+    def workspaces_dir(self) -> Path:
+        """Where JupyterLab saves this user's workspaces (its LabApp's ``workspaces_dir``)."""
+        for app in self.serverapp.extension_manager.extension_apps.get("jupyterlab", ()):
+            if getattr(app, "workspaces_dir", None):
+                return Path(app.workspaces_dir)
+        from jupyterlab.commands import get_workspaces_dir
+
+        return Path(get_workspaces_dir())
 
     def fetched_notebook(self, slug: str) -> str | None:
         """The path (relative to the server's root) of the student's fetched copy of the

@@ -6,6 +6,10 @@ its exchange without any setup by the student.
 """
 
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # course_exchange, beside this file
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
@@ -16,3 +20,9 @@ c.CourseDirectory.course_id = "distlab"
 # inbound/ (submissions: students may write but not list it), feedback/ (one file per
 # submission, named by a hash of the submitted notebook, which only its author has).
 c.Exchange.root = os.environ.get("DISTLAB_HUB_EXCHANGE", "/srv/nbgrader/exchange")
+# What a hand-in leaves out of the exchange: JupyterLab's checkpoints above all (a hidden copy
+# of every notebook the student opened). These are nbgrader's defaults, named here because the
+# hand-in depends on them; course_exchange's submit compares only what is copied with the
+# release, so a checkpoint no longer shows as an "EXTRA" notebook at every submit.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
+c.ExchangeFactory.submit = "course_exchange.SubmitWhatIsCopied"

@@ -45,19 +45,54 @@ class DistTimeout(TimeoutError):
             ranks did not join the process group within the start limit).
         rank_states: ``{rank: description}`` of what every rank was doing when time ran out,
             e.g. ``"blocked in recv(float32[4] from rank 1) for 9.9 s"``.
+        hint: one line saying how to give the run more time; the caller knows best how
+            (``%%distributed`` names its ``--timeout``, :func:`distlab.run` its ``timeout=``).
+
+    In a notebook the error shows as its message alone (IPython's ``_render_traceback_``):
+    the frames it would list are the runtime's own, waiting on the ranks, and say nothing
+    about the student's code; what each rank was doing is in the message.
     """
 
-    def __init__(self, timeout, rank_states, waiting_for: str = "finish"):
+    def __init__(self, timeout, rank_states, waiting_for: str = "finish", hint: str | None = None):
         self.timeout = timeout
         self.rank_states = dict(rank_states)
         self.waiting_for = waiting_for
-        what = "the ranks did not start" if waiting_for == "start" else "the run did not finish"
-        lines = [f"{what} within {timeout:g} s; what each rank was doing:"]
+        self.hint = hint if hint is not None else default_hint(timeout, waiting_for)
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        what = "the ranks did not start" if self.waiting_for == "start" else "the run did not finish"
+        lines = [f"{what} within {self.timeout:g} s. {self.hint}", "What each rank was doing:"]
         lines += [f"  rank {r}: {s}" for r, s in sorted(self.rank_states.items())]
-        super().__init__("\n".join(lines))
+        return "\n".join(lines)
+
+    def with_hint(self, hint: str) -> DistTimeout:
+        """This error, saying ``hint`` instead of the default (the same traceback)."""
+        self.hint = hint
+        self.args = (self._message(),)
+        return self
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error in a notebook: the message, no frames."""
+        name = f"\x1b[0;31m{type(self).__name__}\x1b[0m"
+        first, *rest = str(self).split("\n")
+        return [f"{name}: {first}", *rest]
 
     def __reduce__(self):
-        return (type(self), (self.timeout, self.rank_states, self.waiting_for))
+        return (type(self), (self.timeout, self.rank_states, self.waiting_for, self.hint))
+
+
+def more_time(timeout: float) -> float:
+    """A larger limit to suggest in a hint: twice the one that ran out, in whole seconds."""
+    return max(60, int(2 * timeout))
+
+
+def default_hint(timeout: float, waiting_for: str) -> str:
+    """How to give a :func:`distlab.run` call more time, in one line."""
+    if waiting_for == "start":
+        return ("A busy node starts ranks slowly: give them longer with the environment variable "
+                f"DISTLAB_START_TIMEOUT={more_time(timeout):g} (seconds), set before distlab is imported.")
+    return f"To give it more time: distlab.run(..., timeout={more_time(timeout):g})."
 
 
 class LaunchError(RuntimeError):

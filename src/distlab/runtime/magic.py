@@ -17,6 +17,13 @@ How names travel
     list (shown as the cell's output; ``--out NAME`` also stores it in ``NAME``). Variables
     assigned on the ranks stay there and vanish with them; return what you need.
 
+Time: a cell may run for ``DEFAULT_TIMEOUT`` seconds (10 minutes: a training cell on a node
+shared by a class takes minutes) before :class:`distlab.DistTimeout` ends it. ``--timeout S``
+gives one cell its own limit; ``%distributed --timeout S`` (the line magic, no action) sets
+the limit of every later cell of the notebook (its kernel). A cell that runs out of time ends
+with the message alone, no traceback through the runtime: what each rank was doing, and in
+one line how to give the cell more time.
+
 Warm ranks: ``%distributed start -n 4`` starts 4 ranks once (a few seconds); every later
 ``%%distributed -n 4`` cell (and ``distlab.run(..., nprocs=4)``) reuses them and costs
 milliseconds instead of seconds. ``%distributed stop`` ends them; so does the kernel's end.
@@ -29,16 +36,22 @@ behave exactly as in :func:`distlab.run`, which this calls.
 from __future__ import annotations
 
 import ast
+import re
 import time
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from distlab.runtime import pool, serialize
+from distlab.runtime.errors import DistTimeout, more_time
 from distlab.runtime.run import run
 
 CELL_FILENAME = "<distributed cell>"
 GIVEN_ON_RANKS = {"torch", "dist", "rank", "world_size", "device"}
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a ``%%distributed`` cell may run unless told otherwise. :func:`distlab.run` keeps
+its 60 s (a library call in a test or a script); a teaching notebook's cell trains a model,
+and on a hub's node shared by a class that takes minutes, not seconds."""
 
 
 def run_cell_on_rank(source: str, namespace: dict):
@@ -87,7 +100,9 @@ def names_to_send(source: str, user_ns: dict) -> dict:
 class DistributedMagics(Magics):
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
-    @argument("--timeout", type=float, default=60.0, help="seconds before DistTimeout (default 60)")
+    @argument("--timeout", type=float, default=None,
+              help=f"seconds before DistTimeout (default {DEFAULT_TIMEOUT:g}; as a line magic with no "
+                   "action: the default of every later cell)")
     @argument("--backend", default=None, help="gloo or nccl (default: chosen from the hardware)")
     @argument("--out", default=None, help="also store the per-rank results in this variable")
     @argument("action", nargs="?", choices=["start", "stop", "status"],
@@ -106,14 +121,40 @@ class DistributedMagics(Magics):
         if args.action:
             raise ValueError(f"%%distributed runs a cell; use the line magic for `{args.action}`")
         namespace = names_to_send(cell, self.shell.user_ns)
-        results = run(run_cell_on_rank, cell, namespace, nprocs=args.nprocs,
-                             timeout=args.timeout, backend=args.backend)
+        timeout = args.timeout if args.timeout is not None else self.timeout
+        try:
+            results = run(run_cell_on_rank, cell, namespace, nprocs=args.nprocs,
+                          timeout=timeout, backend=args.backend)
+        except DistTimeout as timed_out:
+            raise timed_out.with_hint(self.hint(timed_out, line)) from None
         if args.out:
             self.shell.user_ns[args.out] = results
         return results if any(r is not None for r in results) else None
 
+    @property
+    def timeout(self) -> float:
+        """This notebook's default for a cell (``%distributed --timeout S`` sets it)."""
+        return getattr(self, "_timeout", DEFAULT_TIMEOUT)
+
+    @staticmethod
+    def hint(timed_out: DistTimeout, line: str) -> str:
+        """How to give this cell more time, in one line, with the cell's own first line changed."""
+        if timed_out.waiting_for == "start":
+            return timed_out.hint
+        more = more_time(timed_out.timeout)
+        options = re.sub(r"\s*--timeout(=|\s+)\S+", "", line).strip()
+        first_line = f"%%distributed {options} --timeout {more}".replace("  ", " ")
+        return (f"To give it more time, make the cell's first line `{first_line}`, "
+                f"or run `%distributed --timeout {more}` once for every cell of this notebook.")
+
     def _manage_pools(self, args) -> None:
-        if args.action == "start":
+        if args.action is None and args.timeout is not None:
+            if args.timeout <= 0:
+                raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+            self._timeout = args.timeout
+            print(f"distlab: %%distributed cells now run for up to {args.timeout:g} s "
+                  "(a cell's own --timeout still wins)")
+        elif args.action == "start":
             started = time.monotonic()
             pool.start_pool(args.nprocs, backend=args.backend)
             print(f"distlab: {args.nprocs} ranks ready in {time.monotonic() - started:.1f} s; "
@@ -126,7 +167,8 @@ class DistributedMagics(Magics):
             print("distlab: no active pool" if not pools else
                   "distlab: active pools: " + ", ".join(f"{n} ranks" for n in sorted(pools)))
         else:
-            raise ValueError("use %distributed start -n N, %distributed stop or %distributed status")
+            raise ValueError("use %distributed start -n N, %distributed stop, %distributed status "
+                             "or %distributed --timeout S")
 
 
 def register(ipython) -> None:
