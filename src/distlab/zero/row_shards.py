@@ -18,17 +18,17 @@ parameters again. :class:`RowShard` keeps one of them:
   memory comes and goes (``untyped_storage().resize_``), as in the flat form.
 
 One collective per *group* (the parameters of one ``fully_shard`` call), not per parameter,
-since a collective's fixed cost is paid per call. The price of cutting by rows is two copies
-around each collective that the flat form does not need (its parameters are views into the
-gathered buffer):
+since a collective's fixed cost is paid per call. The price of cutting by rows is in copies:
 
 * all-gather (:func:`all_gather`, :func:`copy_out`): *copy in* every padded local piece, end
   to end, into one send buffer; after the all-gather the receive buffer holds rank 0's pieces,
-  then rank 1's...; *copy out* parameter by parameter, each taking its rows from every rank;
+  then rank 1's...; *copy out* parameter by parameter, each taking its rows from every rank.
+  Two copies the flat form does without: its parameters are views into the gathered buffer;
 * reduce-scatter (:func:`reduce_scatter`): every gradient padded to ``N c`` rows and seen as
-  ``N`` rows of ``c`` (FSDP2's ``chunk_cat``), concatenated, so that rank ``r`` receives the
-  average of its own rows of every gradient; they become the ``sharded`` parameters'
-  ``.grad``, as DTensors of the same layout.
+  ``N`` blocks of ``c`` rows, copied side by side into one send buffer of ``N`` rows (FSDP2
+  does it in one kernel, ``chunk_cat``), so that rank ``r`` receives the average of its own
+  rows of every gradient; they become the ``sharded`` parameters' ``.grad``, as DTensors of
+  the same layout. One copy, as the flat form's (it lays the gradients end to end).
 
 The layout of both buffers is FSDP2's, element for element, which is why gloo's reductions
 (whose rounding depends on an element's position) give the same bits as torch's.
@@ -138,20 +138,24 @@ def copy_out(shards: list[RowShard], receive: torch.Tensor) -> None:
 def reduce_scatter(shards: list[RowShard], reduce_dtype: torch.dtype | None = None) -> None:
     """Average the ``unsharded`` parameters' gradients over the ranks into the ``sharded`` ones' ``.grad``.
 
-    Only the parameters that have a gradient take part (as in FSDP2); their full gradients are
-    dropped afterwards. Reduced in ``reduce_dtype`` (default: the gradients' own), handed to
+    Only the parameters that have a gradient take part (as in FSDP2); each full gradient is
+    dropped as soon as it is copied into the send buffer. Reduced in ``reduce_dtype`` (default: the gradients' own), handed to
     the sharded parameters in their dtype.
     """
     with_grad = [s for s in shards if s.unsharded is not None and s.unsharded.grad is not None]
     if not with_grad:
         return
-    world = with_grad[0].world
-    send = torch.cat([F.pad(s.unsharded.grad.to(reduce_dtype or s.unsharded.grad.dtype),
-                            [0, 0] * (len(s.shape) - 1) + [0, world * s.rows_per_rank - s.shape[0]]).view(world, -1)
-                      for s in with_grad], dim=1)
+    world, dtype = with_grad[0].world, reduce_dtype or with_grad[0].unsharded.grad.dtype
+    sizes = [s.numel_per_rank for s in with_grad]
+    send = torch.empty(world, sum(sizes), dtype=dtype, device=with_grad[0].padded.device)
+    for s, columns in zip(with_grad, send.split(sizes, dim=1)):
+        grad, missing_rows = s.unsharded.grad, world * s.rows_per_rank - s.shape[0]
+        if missing_rows:                                       # zero rows, so that N row blocks of c fit
+            grad = F.pad(grad, [0, 0] * (len(s.shape) - 1) + [0, missing_rows])
+        columns.copy_(grad.reshape(world, -1))                 # row block r to row r of the buffer (and cast)
+        s.unsharded.grad = None                                # copied: the full gradient can go
     receive = send.new_empty(send.shape[1])
     dist.reduce_scatter_single(receive, send.view(-1), op=dist.ReduceOp.AVG, group=with_grad[0].group)
     receive = receive.to(with_grad[0].sharded.dtype)
-    for s, mine in zip(with_grad, receive.split([s.numel_per_rank for s in with_grad])):
+    for s, mine in zip(with_grad, receive.split(sizes)):
         s.receive_gradient(mine)
-        s.unsharded.grad = None
