@@ -241,3 +241,36 @@ def test_code_written_for_torch_runs_on_ours_with_its_import_changed_and_gives_t
         assert torch.equal(evaluation, torch_evaluation)
         assert state.keys() == torch_state.keys() == dict(models.build("gpt").named_parameters()).keys()
         assert all(type(t) is torch.Tensor and torch.equal(t, torch_state[k]) for k, t in state.items())
+
+
+def with_forward_prefetch(prefetch: bool):
+    from distlab.tools import comm
+    from distlab.zero.fsdp2 import fully_shard
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = models.build("gpt", seed=0)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    if prefetch:                              # each block starts the next one's all-gather
+        for block, after in zip(model.blocks, model.blocks[1:]):
+            block.set_modules_to_forward_prefetch([after])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        optimizer.zero_grad()
+        with comm.record() as log:
+            loss = models.loss_fn(model, models.shard(batch("gpt", step), rank, world))
+        loss.backward()
+        optimizer.step()
+    return [c.async_op for c in log if c.op == "all_gather_single"], \
+        {name: p.full_tensor() for name, p in model.named_parameters()}
+
+
+def test_forward_prefetch_starts_the_next_blocks_all_gather_and_changes_no_bit():
+    with distlab.Pool(2):
+        (plain, weights), _ = distlab.run(with_forward_prefetch, False, nprocs=2, timeout=300)
+        (early, prefetched), _ = distlab.run(with_forward_prefetch, True, nprocs=2, timeout=300)
+    blocks = len(models.build("gpt").blocks)
+    assert plain == [False] * (blocks + 1)             # the root, then each block when it starts
+    assert early == [False, False] + [True] * (blocks - 1)
+    assert all(torch.equal(prefetched[k], w) for k, w in weights.items())
