@@ -16,6 +16,7 @@ ch.    topic                       package                        what its pages
                                                                   ``no_sync`` and accumulation
 4      ZeRO and FSDP               :mod:`distlab.zero`            ``optimizer.ShardedOptimizer`` (ZeRO-1/2),
                                                                   ``fully_shard.FullyShardedModel`` (ZeRO-3),
+                                                                  ``fsdp2.fully_shard`` (torch's form),
                                                                   ``theory``, ``checkpointing``
 5      tensor parallelism          :mod:`distlab.tensor_parallel` ``regions`` (f and g), ``layers``, ``model``
                                                                   (Megatron GPT, sequence parallel), ``dtensor``,
