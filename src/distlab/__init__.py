@@ -21,7 +21,8 @@ ch.  topic                 package                           what its pages and 
 4    ZeRO and FSDP         :mod:`distlab.zero`               ``theory`` (bytes per stage), ``flat``, ``stages``,
                                                              ``optimizer`` (``ShardedOptimizer``: ZeRO-1/2),
                                                              ``fully_shard`` (``FullyShardedModel``: ZeRO-3),
-                                                             ``checkpointing``
+                                                             ``fsdp2`` (``fully_shard``, torch's per-parameter
+                                                             form), ``checkpointing``
 5    Tensor parallelism    :mod:`distlab.tensor_parallel`    ``regions`` (f and g), ``layers``, ``model`` (Megatron
                                                              GPT, sequence parallel), ``dtensor``, ``experts``
 6    Pipeline parallelism  :mod:`distlab.pipeline_parallel`  ``stages``, ``schedules`` (GPipe, 1F1B, interleaved,

@@ -92,7 +92,8 @@ CHAPTERS = (
             about=("where a training step's memory goes, and how sharding it lets a model that fits "
                    "on no single device train on several."),
             uses=("`theory` (bytes per stage), `flat`, `stages`, `optimizer` (`ShardedOptimizer`: "
-                  "ZeRO-1/2), `fully_shard` (`FullyShardedModel`: ZeRO-3), `checkpointing`")),
+                  "ZeRO-1/2), `fully_shard` (`FullyShardedModel`: ZeRO-3), `fsdp2` (`fully_shard`, torch's "
+                  "per-parameter form), `checkpointing`")),
     Chapter("05-tensor-parallel", "Tensor parallelism", "distlab.tensor_parallel",
             ("distlab.tensor_parallel.regions:copy_to_parallel_region",
              "distlab.tensor_parallel.regions:reduce_from_parallel_region",
