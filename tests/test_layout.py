@@ -6,7 +6,10 @@ Pure Python, no ranks: the whole file runs in about a second. (That the calculat
 
 Checked to fail on purpose: the 16-bit activation formula without the 5as/h attention
 term, the bubble as (p-1)/m, the dp link judged by its stride instead of its span, and
-recommend keeping the last layout tried instead of the fastest.
+recommend keeping the last layout tried instead of the fastest; and for context parallelism,
+activations not divided by cp, the ring's backward sending cp-1 blocks instead of 2cp-1, ZeRO
+sharding over dp instead of dp*cp, every key/value head on every tp rank, the cp group's span
+without tp, and the ring's time counted whole instead of its excess over attention.
 """
 
 from __future__ import annotations
@@ -114,7 +117,8 @@ def test_one_layout_by_hand():
     assert stage0 == model.params_on_rank(4, 2, 0) == 15_547_904
     # dp, ZeRO-1: reduce-scatter + all-gather = 2 (d-1)/d x 2-byte gradients, the bigger stage
     assert e.comm_bytes["dp"] == 2 * (1 / 2) * 2 * stage0
-    assert e.links == {"tp": "intra", "pp": "intra", "dp": "inter"}
+    assert e.links == {"tp": "intra", "pp": "intra", "dp": "inter", "cp": None}
+    assert e.comm_bytes["cp"] == 0 and e.cp == 1                    # no context parallelism asked for
     # memory of stage 0: 2 + 2 + 12/2 bytes per parameter, activations of 2 layers x 2 micro-batches in flight
     per_layer = sbh * (10 + 24 / 4 + 5 * 16 * 1024 / (1024 * 4))
     assert e.memory["activations"] == 2 * 2 * per_layer
@@ -229,3 +233,91 @@ def test_bad_input_raises_value_errors():
         predict.predict_run(TINY, Grid(pp=2), 8, stage=2)
     with pytest.raises(ValueError, match="does not split into 3 micro-batches"):
         predict.predict_run(TINY, Grid(pp=2), 8, micro_batches=3)
+
+
+# -- context parallelism (chapter 8's axis in the planner) --------------------------------------------
+
+LLAMA70B_128K = Model(layers=80, hidden=8192, heads=64, vocab=128256, seq=131072, mlp_ratio=4.375,
+                      biases=False, learned_positions=False, kv_heads=8)
+LONG = Training(global_batch=128, micro_batch=1, recompute="selective", sequence_parallel=True)
+
+
+@pytest.mark.parametrize("n, seq, batch, heads, head_dim, size", [(2, 16, 1, 4, 8, 8), (4, 64, 3, 2, 16, 4),
+                                                                   (8, 131072, 1, 1, 128, 2)])
+def test_the_planners_ring_bytes_are_chapter_8s(n, seq, batch, heads, head_dim, size):
+    """The planner restates ring attention's byte count (distlab.context_parallel.ring needs torch): the same numbers."""
+    from distlab.context_parallel import ring
+    from distlab.parallel3d import context
+    for backward in (False, True):
+        assert (context.ring_kv_bytes(n, seq, batch, heads, head_dim, size, backward)
+                == ring.ring_bytes(n, seq, batch, heads, head_dim, size, backward))
+    # by hand for the first case: blocks of 2 x 1 x 4 x 8 tokens x 8 wide x 8 bytes = 4096; 1 forward, 3 backward
+    assert context.ring_kv_bytes(2, 16, 1, 4, 8, 8) == 4096 and context.ring_kv_bytes(2, 16, 1, 4, 8, 8, True) == 3 * 4096
+
+
+def test_context_parallelism_by_hand_for_llama_70b_at_128k_tokens():
+    cluster = Cluster(gpus=512)
+    e = planner.estimate(LLAMA70B_128K, cluster, LONG, Grid(dp=8, tp=8), zero=1, cp=8)
+    assert e.micro_batches == 128 // 8 == 16
+    # activations, selective recomputation with SP: 34 s b h / tp bytes per layer in bf16, a rank's
+    # s / cp = 16384 tokens of them, 80 layers, one micro-batch in flight (no pipeline)
+    per_layer = 34 * 131072 * 8192 // 8 // 8
+    assert per_layer == 570_425_344
+    assert e.memory["activations"] == 80 * per_layer == 45_634_027_520              # 42.5 GiB
+    # model states: tp leaves P_rank on a rank, ZeRO-1 shards Adam's 12 bytes over dp * cp = 64 ranks
+    p_rank = LLAMA70B_128K.params_on_rank(tp=8)
+    assert e.memory["parameters"] == 2 * p_rank and e.memory["optimizer"] == 12 * p_rank / 64
+    # ring attention: 8 kv heads / tp 8 = 1 per rank, head_dim 128, bf16: a block is
+    # 2 x 1 x 16384 x 128 x 2 bytes = 8 MiB; 7 blocks forward + 15 backward per layer, 80 layers, 16 micro-batches
+    assert e.comm_bytes["cp"] == 80 * 16 * (7 + 15) * 8 * 2**20 == 236_223_201_280
+    # tp's all-reduces carry the rank's 16384 tokens only: 4 per layer of 16384 x 8192 x 2 bytes, 2 x 7/8 of it
+    assert e.comm_bytes["tp"] == 80 * 16 * 4 * (2 * 7 / 8 * 16384 * 8192 * 2)
+    # the gradient reduction runs over dp * cp = 64 ranks: 2 x 63/64 x 2-byte gradients
+    assert e.comm_bytes["dp"] == 2 * 63 / 64 * 2 * p_rank
+    # cp sits next to tp: a cp group spans tp * cp = 64 ranks, eight nodes; dp groups are 64 ranks apart
+    assert e.links == {"tp": "intra", "cp": "inter", "dp": "inter", "pp": None}
+    assert e.fits and "dp=8 pp=1 tp=8 cp=8 ZeRO-1" in e.describe()
+
+
+def test_context_parallelism_shrinks_activations_not_parameters_and_its_ring_hides_behind_attention():
+    cluster = Cluster(gpus=512)
+    without = planner.estimate(LLAMA70B_128K, cluster, LONG, Grid(dp=64, tp=8), zero=3)
+    with_cp = planner.estimate(LLAMA70B_128K, cluster, LONG, Grid(dp=8, tp=8), zero=3, cp=8)
+    assert not without.fits and with_cp.fits                          # 342 GiB against 44 GiB
+    assert with_cp.memory["activations"] == without.memory["activations"] / 8
+    for kind in ("parameters", "gradients", "optimizer"):              # ZeRO-3 over 64 ranks either way
+        assert with_cp.memory[kind] == without.memory[kind]
+    # the ring's 220 GiB over 25 GB/s take 9.4 s; the causal attention of the rank's 16384 queries
+    # against 131072 keys, 8 heads of 128, x3 for backward, 80 layers, 16 micro-batches at 40% of
+    # 989 TFLOP/s takes 42.7 s: the ring is hidden, and the step is compute + tp + the dp excess
+    attention = 80 * 16 * 3 * 2 * 2 * 8 * 16384 * 131072 * 128 / 2 / (989e12 * 0.4)
+    assert attention == pytest.approx(42.69, rel=1e-3)
+    assert with_cp.comm_seconds["cp"] == pytest.approx(236_223_201_280 / 25e9)
+    dp_excess = max(0.0, with_cp.comm_seconds["dp"] - with_cp.ideal_seconds)
+    assert with_cp.step_seconds == pytest.approx(with_cp.compute_seconds + with_cp.comm_seconds["tp"] + dp_excess)
+    # on a 0.1 GB/s network the ring no longer hides: only its excess over the attention counts
+    slow = planner.estimate(LLAMA70B_128K, Cluster(gpus=512, inter_bandwidth=0.1e9), LONG, Grid(dp=8, tp=8), 3, cp=8)
+    dp_excess = max(0.0, slow.comm_seconds["dp"] - slow.ideal_seconds)
+    assert slow.step_seconds == pytest.approx(slow.compute_seconds + slow.comm_seconds["tp"] + dp_excess
+                                              + slow.comm_seconds["cp"] - attention)
+
+
+def test_recommend_reaches_context_parallelism_only_when_the_sequence_is_what_does_not_fit():
+    advice = recommend.recommend(LLAMA70B_128K, Cluster(gpus=512), LONG)
+    text = str(advice)
+    assert "dp=64 pp=1 tp=8: even with ZeRO-3, 342.1 GiB/GPU does not fit" in text
+    assert "dp=16 pp=1 tp=8 cp=4: even with ZeRO-3, 87.1 GiB/GPU does not fit" in text
+    assert (advice.choice.grid, advice.choice.cp) == (Grid(dp=8, tp=8), 8) and advice.steps[-2].startswith("  dp=8")
+    short = recommend.recommend(Model(layers=32, hidden=4096, heads=32, vocab=50304, seq=2048), Cluster(gpus=64),
+                                Training(global_batch=512, micro_batch=2))
+    assert not any(line.startswith("4.") for line in short.steps)
+    ranked = recommend.rank_layouts(LLAMA70B_128K, Cluster(gpus=512), LONG, zero_stages=(3,), cps=(1, 8))
+    # without cp only tp across nodes (16 ranks and more, each split of the sequence's activations) fits
+    assert {e.cp for e in ranked if e.fits and e.grid.tp <= 8} == {8} and {e.cp for e in ranked} == {1, 8}
+
+
+def test_bad_context_parallel_sizes_are_refused():
+    with pytest.raises(ValueError, match=r"dp \* pp \* tp \* cp = 64 \* 8 ranks, but there are 64 GPUs"):
+        planner.estimate(LLAMA70B_128K, Cluster(gpus=64), LONG, Grid(dp=8, tp=8), cp=8)
+    with pytest.raises(ValueError, match=r"cp=3 does not divide the sequence length \(131072\)"):
+        planner.estimate(LLAMA70B_128K, Cluster(gpus=24), LONG, Grid(dp=8), cp=3)

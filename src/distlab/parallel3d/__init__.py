@@ -7,9 +7,9 @@
   :mod:`.torch_train`: the same with DTensor tensor parallelism and FSDP2;
   :mod:`.runs`: several layouts trained in one launch, from a notebook;
 * :mod:`.planner`: a layout priced on paper (memory, bytes, time) before running anything;
-  :mod:`.recommend`: the usual procedure for choosing one; :mod:`.predict`: the exact bytes
-  of the book's small runs.
+  :mod:`.recommend`: the usual procedure for choosing one; :mod:`.context`: the context-parallel
+  axis (chapter 8) priced for both; :mod:`.predict`: the exact bytes of the book's small runs.
 
-:mod:`.mesh`, :mod:`.planner`, :mod:`.recommend` and :mod:`.predict` import no torch: they run
+:mod:`.mesh`, :mod:`.planner`, :mod:`.context`, :mod:`.recommend` and :mod:`.predict` import no torch: they run
 in any notebook cell and in the book's widgets.
 """

@@ -1,6 +1,7 @@
 """Pricing a layout: memory, communication and time of ``(dp, pp, tp)`` before running anything.
 
 Given a model, a cluster and a batch, this module prices every layout ``dp * pp * tp = N``
+(and, for long sequences, ``dp * cp * pp * tp = N`` with context parallelism: :mod:`.context`)
 on paper (:func:`estimate`), with the formulas of the papers that introduced each idea;
 :mod:`.recommend` walks the usual decision procedure over them. Pure Python: no torch, so it
 runs in any notebook cell and in a widget.
@@ -59,6 +60,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from distlab.parallel3d import context
 from distlab.parallel3d.mesh import AXES, Grid
 from distlab.tools.comm_bytes import all_reduce_bytes
 from distlab.zero.theory import ACTIVATION_BYTES, PRECISIONS, STAGE_NAMES, model_state_theory
@@ -80,6 +82,8 @@ class Model:
     there (Llama 3 8B: 13, so ``mlp_ratio = 4.5``; 70B: 12.75, so ``4.375``).
 
     ``seq`` is the training sequence length (and the length of a learned position table).
+    ``kv_heads``: key/value heads (grouped-query attention; ``None``: as many as ``heads``), used
+    only for the bytes of context parallelism (:mod:`.context`).
     ``tied``: the output layer reuses the token embedding. ``biases``: linear layers have biases.
     """
 
@@ -92,6 +96,7 @@ class Model:
     tied: bool = False
     biases: bool = True
     learned_positions: bool = True
+    kv_heads: int | None = None
 
     @classmethod
     def from_config(cls, cfg, seq: int | None = None) -> "Model":
@@ -224,16 +229,17 @@ def bubble(pp: int, micro_batches: int) -> float:
     return (pp - 1) / (micro_batches + pp - 1)
 
 
-def link(grid: Grid, axis: str, gpus_per_node: int) -> str | None:
+def link(grid: Grid, axis: str, gpus_per_node: int, cp: int = 1) -> str | None:
     """``"intra"`` if every group along ``axis`` sits inside one node, ``"inter"`` if not, ``None`` for size 1.
 
-    A group spans ``stride * size`` consecutive ranks (see :meth:`distlab.parallel3d.mesh.Grid.stride`);
-    it stays in a node when that span divides the node size (or the job has one node).
+    A group spans ``stride * size`` consecutive ranks (see :meth:`distlab.parallel3d.mesh.Grid.stride`;
+    with ``cp`` ranks of context parallelism, :func:`.context.span`); it stays in a node when that
+    span divides the node size (or the job has one node). ``axis`` may be ``"cp"``.
     """
-    if grid.size(axis) == 1:
+    if (cp if axis == "cp" else grid.size(axis)) == 1:
         return None
-    span = grid.stride(axis) * grid.size(axis)
-    return "intra" if grid.world_size <= gpus_per_node or gpus_per_node % span == 0 else "inter"
+    span = context.span(grid, axis, cp)
+    return "intra" if grid.world_size * cp <= gpus_per_node or gpus_per_node % span == 0 else "inter"
 
 
 # -- one layout -----------------------------------------------------------------------------------
@@ -245,6 +251,7 @@ class Estimate:
     grid: Grid
     zero: int
     micro_batches: int
+    cp: int = 1                                       # context-parallel ranks (next to tp)
     memory: dict = field(default_factory=dict)        # parameters, gradients, optimizer, activations, total
     fits: bool = False
     comm_bytes: dict = field(default_factory=dict)    # bytes a GPU sends per step, by axis
@@ -267,24 +274,33 @@ class Estimate:
 
     def describe(self) -> str:
         g = self.grid
-        return (f"dp={g.dp} pp={g.pp} tp={g.tp} {STAGE_NAMES[self.zero]}: "
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return (f"dp={g.dp} pp={g.pp} tp={g.tp}{cp} {STAGE_NAMES[self.zero]}: "
                 f"{self.memory['total'] / GiB:.1f} GiB/GPU ({'fits' if self.fits else 'does not fit'}), "
                 f"step {self.step_seconds:.3g} s, {self.efficiency:.0%} of it useful compute "
                 f"(bubble {self.bubble:.0%}, communication exposed {self.exposed_comm:.0%})")
 
 
-def estimate(model: Model, cluster: Cluster, training: Training, grid: Grid, zero: int = 0) -> Estimate:
+def estimate(model: Model, cluster: Cluster, training: Training, grid: Grid, zero: int = 0, cp: int = 1) -> Estimate:
     """Memory, communication and time per GPU for ``grid`` with ZeRO stage ``zero`` over dp.
 
-    Raises ``ValueError`` when the layout cannot run: sizes that do not multiply to the GPUs,
-    tp not dividing the heads, pp not dividing the layers, a batch that does not split.
+    ``cp > 1`` adds context parallelism: ``grid``'s ``dp * pp * tp`` ranks times ``cp`` make the
+    cluster, each rank holds ``s / cp`` tokens of every sequence, and ZeRO shards over ``dp * cp``
+    (:mod:`.context`). Raises ``ValueError`` when the layout cannot run: sizes that do not multiply
+    to the GPUs, tp not dividing the heads, pp not dividing the layers, cp not dividing the
+    sequence, a batch that does not split.
     """
-    grid.check(cluster.gpus)
+    if cp == 1:
+        grid.check(cluster.gpus)
+    elif grid.world_size * cp != cluster.gpus:
+        raise ValueError(f"dp * pp * tp * cp = {grid.world_size} * {cp} ranks, but there are {cluster.gpus} GPUs; "
+                         "the sizes must multiply to the world size")
     dp, pp, tp = grid.dp, grid.pp, grid.tp
     m = micro_batches(training, dp)
     precision = training.precision
     act = ACTIVATION_BYTES[precision]
-    sbh = model.seq * training.micro_batch * model.hidden
+    _check_divides(cp, model.seq, "cp", "the sequence length")
+    sbh = model.seq // cp * training.micro_batch * model.hidden        # a rank's share of the tokens
     _check_divides(pp, model.layers, "pp", "the number of layers")
     _check_divides(tp, model.heads, "tp", "the number of heads")
     layers_here = model.layers // pp
@@ -292,21 +308,23 @@ def estimate(model: Model, cluster: Cluster, training: Training, grid: Grid, zer
     stages = []                                     # (memory, dp bytes, pp bytes) per pipeline stage
     for stage in range(pp):
         params = model.params_on_rank(tp, pp, stage)
-        memory = model_state_theory(params, dp, zero, precision)
+        memory = model_state_theory(params, dp * cp, zero, precision)
         in_flight = min(m, pp - stage)
-        memory["activations"] = layers_here * in_flight * activation_bytes_per_layer(model, training, tp)
+        memory["activations"] = layers_here * in_flight * activation_bytes_per_layer(model, training, tp) / cp
         memory["total"] += memory["activations"]
         grad_bytes = params * PRECISIONS[precision]["gradients"]
-        dp_bytes = (3 if zero == 3 else 2) * (dp - 1) / dp * grad_bytes
+        dp_bytes = (3 if zero == 3 else 2) * (dp * cp - 1) / (dp * cp) * grad_bytes
         pp_bytes = m * sbh * act * ((stage < pp - 1) + (stage > 0))
         stages.append((memory, dp_bytes, pp_bytes))
     memory = max((s[0] for s in stages), key=lambda mem: mem["total"])
     all_reduces = 6 if training.recompute == "full" else 4
+    head_dim, kv_heads = model.hidden // model.heads, context.kv_heads_on_rank(model.kv_heads or model.heads, tp)
+    ring = context.cp_bytes_per_layer(model.seq, training.micro_batch, kv_heads, head_dim, act, cp, training.recompute)
     comm = {"tp": layers_here * m * all_reduces * all_reduce_bytes(sbh * act, tp),
-            "pp": max(s[2] for s in stages), "dp": max(s[1] for s in stages)}
-    links = {axis: link(grid, axis, cluster.gpus_per_node) for axis in AXES}
+            "pp": max(s[2] for s in stages), "dp": max(s[1] for s in stages), "cp": layers_here * m * ring}
+    links = {axis: link(grid, axis, cluster.gpus_per_node, cp) for axis in (*AXES, "cp")}
     bandwidth = {"intra": cluster.intra_bandwidth, "inter": cluster.inter_bandwidth, None: math.inf}
-    seconds = {axis: comm[axis] / bandwidth[links[axis]] for axis in AXES}
+    seconds = {axis: comm[axis] / bandwidth[links[axis]] for axis in comm}
 
     tokens = training.global_batch * model.seq
     flops = (8 if training.recompute == "full" else 6) * model.params * tokens / cluster.gpus
@@ -314,7 +332,10 @@ def estimate(model: Model, cluster: Cluster, training: Training, grid: Grid, zer
     idle = bubble(pp, m)
     compute = ideal / (1 - idle)
     hidden_behind = ideal if zero == 3 else ideal * 2 / 3          # what DP's traffic can overlap with
-    step = compute + seconds["tp"] + seconds["pp"] + max(0.0, seconds["dp"] - hidden_behind)
-    return Estimate(grid=grid, zero=zero, micro_batches=m, memory=memory, fits=memory["total"] <= cluster.memory,
-                    comm_bytes=comm, comm_seconds=seconds, links=links, bubble=idle, ideal_seconds=ideal,
-                    compute_seconds=compute, step_seconds=step)
+    attention = layers_here * m * context.attention_flops(model.seq, training.micro_batch, model.heads // tp,
+                                                          head_dim, cp) / (cluster.flops * cluster.mfu)
+    ring_exposed = max(0.0, seconds["cp"] - attention) if cp > 1 else 0.0   # the ring hides behind attention
+    step = compute + seconds["tp"] + seconds["pp"] + ring_exposed + max(0.0, seconds["dp"] - hidden_behind)
+    return Estimate(grid=grid, zero=zero, micro_batches=m, cp=cp, memory=memory,
+                    fits=memory["total"] <= cluster.memory, comm_bytes=comm, comm_seconds=seconds, links=links,
+                    bubble=idle, ideal_seconds=ideal, compute_seconds=compute, step_seconds=step)
