@@ -263,7 +263,7 @@ def test_feedback_never_shows_hidden_tests_or_reference_values(graded_class):
     partial = (course.work / "feedback" / "partial" / SLUG / f"{SLUG}.html").read_text()
     # A wrong concept answer is reported with what to revisit, never with the right value.
     hint = next(line for line in html_text(partial).splitlines() if "rank3_total = 2.5 is not right" in line)
-    assert "With no op, all_reduce sums" in hint and "10" not in hint, hint
+    assert "With no op, all_reduce sums" in hint and "24" not in hint, hint
 
 
 # -- concept questions: computed answers, balanced options, hints --------------------------------
