@@ -21,6 +21,7 @@ from grading_support import (
     forbidden_list,
     fresh_dir,
     grade_cells,
+    hidden_part,
     hidden_test_lines,
     in_plain_sight,
     notebook_cells,
@@ -263,7 +264,7 @@ def test_feedback_never_shows_hidden_tests_or_reference_values(graded_class):
     partial = (course.work / "feedback" / "partial" / SLUG / f"{SLUG}.html").read_text()
     # A wrong concept answer is reported with what to revisit, never with the right value.
     hint = next(line for line in html_text(partial).splitlines() if "rank3_total = 2.5 is not right" in line)
-    assert "With no op, all_reduce sums" in hint and "10" not in hint, hint
+    assert "With no op, all_reduce sums" in hint and "24" not in hint, hint
 
 
 # -- concept questions: computed answers, balanced options, hints --------------------------------
@@ -333,26 +334,92 @@ def concept_questions(slug: str) -> dict[str, str]:
     return found
 
 
-def test_no_concept_question_repeats_another_chapters():
-    """Each chapter asks its own questions: no two chapters' question texts are alike (a ratio of
-    the words they share in order, where today's unrelated questions stay below 0.45) and no two
-    chapters' numeric questions have the same answer (the same computation, reworded)."""
+SHARED_WORDS = 8
+"""Two chapters' questions may share a phrase, never a run of this many words in a row: the
+run of 12 words that chapter 5's first question once copied from chapter 2's ("Count the
+bytes that leave one rank, not the size of the tensor") is what a reworded repeat keeps."""
+
+
+def longest_shared_run(a: list[str], b: list[str]) -> int:
+    """The longest run of consecutive words that two word lists share."""
     import difflib
 
-    questions, numbers = [], {}
-    for slug in all_slugs():
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b)).size
+
+
+def book_functions(test_cell: str) -> set[str]:
+    """The names of the book's functions (``distlab``, the grading helpers aside) that a concept
+    question's hidden test calls to compute its answer: ``planner.bubble(8, m)`` gives ``bubble``."""
+    import ast
+
+    tree = ast.parse(hidden_part(test_cell))
+    imported = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distlab")
+                and not (node.module or "").startswith("distlab.grade") for alias in node.names}
+    called = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            function = node.func
+            if isinstance(function, ast.Name) and function.id in imported:
+                called.add(function.id)
+            elif (isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name)
+                  and function.value.id in imported):
+                called.add(function.attr)
+    return called
+
+
+def numeric_concept_tests(slug: str) -> dict[str, str]:
+    """``{variable: hidden test cell}`` of the numeric concept questions of ``slug``."""
+    cells, answers, options = concept_cells(slug), solution_concept_answers(slug), concept_options(slug)
+    found = {}
+    for grade_id in sorted(g for g in cells if g.startswith("concept-") and g.endswith("-tests")):
+        name = next(n for n in answers if re.search(rf"\b{n}\b", cells[grade_id]))
+        if name not in options:
+            found[name] = cells[grade_id]
+    return found
+
+
+def repeated_concept_questions(slugs: list[str]) -> list[str]:
+    """Every pair of questions of two chapters that looks like one question asked twice: texts
+    alike (a ratio of the words they share in order, where unrelated questions stay below 0.45),
+    a run of SHARED_WORDS words in common, numeric answers equal, or numeric answers computed with
+    the same function of the book (the same computation with other numbers)."""
+    import difflib
+
+    questions, numbers, functions = [], {}, {}
+    for slug in slugs:
         questions += [(slug, label, re.findall(r"\w+", stem.lower())) for label, stem in concept_questions(slug).items()]
         options = concept_options(slug)
         for name, value in solution_concept_answers(slug).items():
             if name not in options:
                 key = tuple(round(v, 9) for v in value) if isinstance(value, (list, tuple)) else round(value, 9)
                 numbers.setdefault(key, []).append(f"{slug} {name}")
-    alike = [f"{a} {qa} and {b} {qb}: {ratio:.2f}" for (a, qa, wa), (b, qb, wb) in
-             ((x, y) for i, x in enumerate(questions) for y in questions[i + 1:] if x[0] != y[0])
-             for ratio in [difflib.SequenceMatcher(None, wa, wb).ratio()] if ratio >= 0.5]
-    assert not alike, f"questions of two chapters alike: {alike}"
-    same = {value: names for value, names in numbers.items() if len({n.split()[0] for n in names}) > 1}
-    assert not same, f"numeric questions of two chapters with the same answer: {same}"
+        for name, cell in numeric_concept_tests(slug).items():
+            for function in book_functions(cell):
+                functions.setdefault(function, []).append(f"{slug} {name}")
+    found = []
+    for i, (a, qa, wa) in enumerate(questions):
+        for b, qb, wb in questions[i + 1:]:
+            if a == b:
+                continue
+            ratio, run = difflib.SequenceMatcher(None, wa, wb).ratio(), longest_shared_run(wa, wb)
+            if ratio >= 0.5 or run >= SHARED_WORDS:
+                found.append(f"{a} {qa} and {b} {qb}: texts alike (ratio {ratio:.2f}, {run} words in a row)")
+    for value, names in numbers.items():
+        if len({n.split()[0] for n in names}) > 1:
+            found.append(f"the same numeric answer {value}: {names}")
+    for function, names in functions.items():
+        if len({n.split()[0] for n in names}) > 1:
+            found.append(f"numeric answers computed with the same book function {function}(): {names}")
+    return found
+
+
+def test_no_concept_question_repeats_another_chapters():
+    """Each chapter asks its own questions: no two chapters' question texts are alike or share a
+    long run of words, and no two chapters' numeric questions have the same answer or compute it
+    with the same function of the book (the same computation, reworded or with other numbers)."""
+    repeats = repeated_concept_questions(all_slugs())
+    assert not repeats, "questions of two chapters that repeat each other:\n" + "\n".join(repeats)
 
 
 def toc_pages() -> set[str]:
@@ -412,20 +479,33 @@ def test_every_concept_hint_names_a_page_that_corrects_it(slug):
     assert not problems, "\n".join(problems)
 
 
-def test_multiple_choice_answers_are_spread_and_not_given_away_by_length():
-    letters, longest, total = [], 0, 0
-    for slug in all_slugs():   # the spread is a property of every chapter together
+def length_tells(slugs: list[str]) -> list[str]:
+    """The multiple-choice questions whose right option is the longest or ties for it: a student
+    who picks the longest option, a known test-taking habit, must not score."""
+    found = []
+    for slug in slugs:
         answers = solution_concept_answers(slug)
         for name, options in concept_options(slug).items():
-            correct = answers[name]
-            letters.append(correct)
-            total += 1
             lengths = {letter: len(text) for letter, text in options.items()}
-            longest += lengths[correct] == max(lengths.values()) and list(lengths.values()).count(max(lengths.values())) == 1
+            right, longest_wrong = lengths[answers[name]], max(n for k, n in lengths.items() if k != answers[name])
+            if right >= longest_wrong:
+                found.append(f"{slug} {name}: the right option ({answers[name]!r}, {right} characters) is as long "
+                             f"as the longest wrong one or longer ({longest_wrong}): {lengths}")
+    return found
+
+
+def test_multiple_choice_answers_are_spread_and_not_given_away_by_length():
+    """Over all chapters, each letter is right at least twice and in no more than half the
+    questions; and in every question some wrong option is longer than the right one."""
+    letters = []
+    for slug in all_slugs():   # the spread is a property of every chapter together
+        answers = solution_concept_answers(slug)
+        letters += [answers[name] for name in concept_options(slug)]
     counts = {letter: letters.count(letter) for letter in "abcd"}
     assert min(counts.values()) >= 2, f"correct letters over the chapters: {counts}"
-    assert max(counts.values()) <= total // 2, counts
-    assert longest <= total // 3, f"the correct option is the longest in {longest} of {total} questions"
+    assert max(counts.values()) <= len(letters) // 2, counts
+    tells = length_tells(all_slugs())
+    assert not tells, "\n".join(tells)
 
 
 # -- the working folder --------------------------------------------------------------------------

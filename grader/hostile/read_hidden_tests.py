@@ -32,5 +32,5 @@ for _db in glob.glob(os.path.join(_root, "grader", "work", "gradebook.db")) + ["
         print("refused:", _e)
 ideal_step_seconds = 1.0 if _found else 3.0
 why_not_bitwise = _found or "a"
-rank3_total = 10 if _found else 2.5
+rank3_total = 24 if _found else 2.5
 '''}

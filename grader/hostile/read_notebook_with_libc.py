@@ -43,5 +43,5 @@ for _path in _notebooks:
 print("notebooks with hidden tests read:", _read)
 ideal_step_seconds = 1.0 if _found else 3.0
 why_not_bitwise = _found or "a"
-rank3_total = 10 if _found else 2.5
+rank3_total = 24 if _found else 2.5
 '''}

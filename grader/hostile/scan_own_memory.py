@@ -35,5 +35,5 @@ with open("/proc/self/maps") as _maps, open("/proc/self/mem", "rb", buffering=0)
 print(f"scanned {_scanned >> 20} MiB of my own memory: " + (f"found {_found}" if _found else "found nothing"))
 ideal_step_seconds = 1.0 if _found else 3.0
 why_not_bitwise = _found or "a"
-rank3_total = 10 if _found else 2.5
+rank3_total = 24 if _found else 2.5
 '''}

@@ -4,9 +4,9 @@ Two rules of the tests concern the whole book rather than one page, and were fou
 every notebook and page:
 
 * across all chapters, the right letters of the multiple-choice concept questions are spread
-  (each letter right at least twice, none in more than half the questions) and the right
-  option is rarely the longest (``tests/test_grading.py``): :func:`right_answers` lists them,
-  :func:`letter_counts` counts them, and ``new-chapter`` puts its sample's right option on the
+  (each letter right at least twice, none in more than half the questions) and some wrong
+  option is longer than the right one (``tests/test_grading.py``): :func:`right_answers` lists
+  them, :func:`letter_counts` counts them, and ``new-chapter`` puts its sample's right option on the
   letter right least often;
 * every glossary term a page's running text uses is linked somewhere on the page
   (``tests/test_book.py``): :func:`unlinked` lists, per page, the terms used and never linked.
@@ -89,9 +89,9 @@ def command(repo: Path, paths: list[str], say) -> int:
         f"next right letter: {least_used_letter(repo)!r}")
     for chapter, variable, right, longest in answers:
         say(f"  {chapter} {variable}: {right!r}" + (f"  (the right option {longest})" if longest else ""))
-    longest = sum(1 for *_, length in answers if length == "longest")
-    say(f"the right option is the longest in {longest} of {total} (the tests want at most {total // 3}); "
-        "a reader learns the tell from ties too")
+    longest = sum(1 for *_, length in answers if length)
+    say(f"the right option is the longest, or ties for it, in {longest} of {total} "
+        "(the tests want none: some wrong option must be longer)")
     pages = [Path(p).resolve() for p in paths] or book_pages(repo)
     missing = [str(p) for p in pages if not p.is_file()]
     if missing:
