@@ -67,19 +67,21 @@ def ungraded(lines: list[str]) -> dict[str, str]:
 
 
 def collect(slug: str, source: str) -> int:
-    """Copy the class's files into nbgrader's zip-collect layout, then run ``zip_collect``."""
+    """Copy the class's files into nbgrader's zip-collect layout, then run ``zip_collect``.
+    Links in ``source`` are refused, never followed (students may have made its folders)."""
+    from distlab.grade import exchange
+
     archive = os.path.join(config.work_dir(), "downloaded", slug, "archive")
     if os.path.isdir(archive):
         shutil.rmtree(archive)
     os.makedirs(archive, mode=0o700)
-    entries = sorted(os.listdir(source))
-    for name in entries:
-        path = os.path.join(source, name)
-        if os.path.isdir(path):
-            shutil.copytree(path, os.path.join(archive, name))
-        else:
-            shutil.copy(path, archive)
-    say(f"collect: {len(entries)} submission(s) from {source} -> {archive}")
+    copied, refused = exchange.copy_class_folder(source, archive)
+    for line in refused:
+        say(f"collect: {line}")
+    say(f"collect: {copied} submission(s) from {source} -> {archive}")
+    if not copied:
+        say(f"collect {slug}: nothing could be collected from {source}")
+        return 1
     start = time.monotonic()
     code = nbgrader("zip_collect", slug, "--force")
     say(f"collect {slug}: {'done' if code == 0 else 'FAILED (see above)'} in {time.monotonic() - start:.1f} s")
@@ -104,14 +106,19 @@ def set_due_date(slug: str, due: str) -> int:
 def collect_from_exchange(slug: str) -> int:
     """``nbgrader collect``, from a private copy of the exchange's inbound folder that holds only
     what :mod:`distlab.grade.exchange` checked: each submission made by the student it names,
-    plain files only, its time from the file system."""
+    plain files only, its time from the file system. Whatever one student left in the exchange,
+    the others are collected; the command fails only when nothing could be."""
     from distlab.grade import exchange
 
     staged = os.path.join(config.private_work_dir(), "staged-exchange")
     shutil.rmtree(staged, ignore_errors=True)
+    inbound = os.path.join(staged, config.COURSE_ID, "inbound")
     try:
-        for line in exchange.stage_submissions(slug, os.path.join(staged, config.COURSE_ID, "inbound")):
+        for line in exchange.stage_submissions(slug, inbound):
             say(f"collect: {line}")
+        if not os.listdir(inbound):
+            say(f"collect {slug}: nothing could be collected (no submission in the exchange passed the checks)")
+            return 1
         # The owners were checked on the exchange; the copies are the grader's own.
         return nbgrader("collect", slug, "--update", f"--Exchange.root={staged}", "--ExchangeCollect.check_owner=False")
     finally:
