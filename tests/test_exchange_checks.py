@@ -230,3 +230,23 @@ def test_one_students_odd_entries_never_stop_the_class(tmp_path, monkeypatch, re
     assert all(name.startswith(f"{ME}+{ASSIGNMENT}+") and "/" not in name for name in staged_names)
     for name in staged_names:                           # nbgrader can read every time it is given
         assert parse_utc(name.split("+")[2]) == parse_utc((staged / name / "timestamp.txt").read_text())
+
+
+def test_publish_refuses_a_course_folder_in_the_exchange_that_someone_else_made(tmp_path):
+    """The attack: the exchange's root is 1777, so a student who makes ``<exchange>/distlab``
+    before the first publish owns it (and its ``outbound``, what the class fetches). publish
+    wrote the release into it; now it refuses, saying whose folder it is and what to do."""
+    course = Course(tmp_path / "work")
+    planted = tmp_path / "work" / "exchange" / "distlab"
+    planted.mkdir(parents=True)
+    stranger = 54321   # no account: any uid but ours
+    os.chown(planted, stranger, stranger)
+
+    done = course.grade("publish", ASSIGNMENT)
+
+    assert done.returncode == 1, course.log
+    assert f"belongs to uid {stranger}, not to you ({ME})" in done.stdout and "publish again" in done.stdout, done.stdout
+    assert list(planted.iterdir()) == []
+    os.chown(planted, os.getuid(), os.getgid())    # the instructor's own folder: published into
+    assert course.grade("publish", ASSIGNMENT).returncode == 0, course.log
+    assert (planted / "outbound" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").exists()

@@ -91,6 +91,11 @@ def collect(slug: str, source: str) -> int:
 def publish(slug: str, due: str | None) -> int:
     """Generate the student version into the work folder (which also enters it in the gradebook)
     and release it to the exchange, with a due date if given."""
+    from distlab.grade import exchange
+
+    if problem := exchange.course_folder_problem():
+        say(f"publish {slug}: not published: {problem}")
+        return 1
     staged = os.path.join(config.work_dir(), "release")
     if release([slug], to=staged):
         return 1

@@ -233,6 +233,26 @@ def stage_submissions(assignment: str, staged_inbound: str) -> list[str]:
     return notes
 
 
+def course_folder_problem() -> str | None:
+    """Why ``publish`` must not write to the exchange's course folder, or ``None``.
+
+    The exchange's root is writable by everyone (1777): a student who makes ``<exchange>/<course>``
+    before the first ``publish`` owns it, so they could fill its ``outbound`` folder with their own
+    "release" and read or remove what the class hands in. The folder must be the grader's own."""
+    folder = os.path.join(config.exchange_root(), config.COURSE_ID)
+    try:
+        info = os.stat(folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return f"the exchange's course folder {folder} is a {_kind(info.st_mode)}, not a folder"
+    if info.st_uid != os.geteuid():
+        return (f"the exchange's course folder {folder} belongs to {_user(info.st_uid)}, not to you "
+                f"({_user(os.geteuid())}): someone made it before the course's first publish. Look at what is "
+                "in it, remove it (it needs root: the exchange is sticky), and publish again")
+    return None
+
+
 def _remove(path: str) -> None:
     """Remove what was partly copied to ``path`` (the grader's own copy: no links in it)."""
     if os.path.isdir(path):
