@@ -43,7 +43,7 @@ import shutil
 import sys
 import time
 
-from distlab.grade import bubblewrap, cluster, config, grades_csv, nbgrader_app
+from distlab.grade import bubblewrap, cluster, config, grades_csv, nbgrader_app, student_output
 from distlab.grade.release import release
 from distlab.grade.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
 
@@ -51,15 +51,24 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
 """The last line of a Python traceback, e.g. ``psycopg.OperationalError: connection failed``."""
 
 
+NOT_GRADED = re.compile(r"\[AutogradeApp \| ERROR\] There was an error processing assignment '[^']+' "
+                        r"for student '([^']+)'")
+"""nbgrader's own line for a submission it could not grade, as the whole of a line: a student's
+printing reaches the log only behind :data:`distlab.grade.student_output.MARK`, and nbgrader's
+multi-line records are indented after their first line (:mod:`distlab.grade.nbgrader_app`)."""
+
+
 def ungraded(lines: list[str]) -> dict[str, str]:
     """``{student: reason}`` for each submission nbgrader could not grade at all (a file that
     is not a notebook, say), the reason being the last exception line it logged before."""
     found, reason = {}, "see the log above"
     for line in lines:
-        text = line.strip()
+        if line.startswith(student_output.MARK):   # a student's printing says nothing about grading
+            continue
+        text = line.strip().removeprefix(nbgrader_app.CONTINUED.strip()).strip()
         if EXCEPTION_LINE.match(text):
             reason = text
-        failed = re.search(r"error processing assignment '[^']+' for student '([^']+)'", text)
+        failed = NOT_GRADED.fullmatch(line)
         if failed:
             found[failed.group(1)] = reason
             reason = "see the log above"
