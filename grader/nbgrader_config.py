@@ -106,7 +106,7 @@ c.HTMLExporter.extra_template_basedirs = [str(_feedback.TEMPLATES)]
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     _feedback.NameTests,
-    _plugins.HideHiddenTestDetails,
-    _plugins.QuietClearHiddenTests,
+    _feedback.HideHiddenTestDetails,
+    _feedback.QuietClearHiddenTests,
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

@@ -153,10 +153,15 @@ def git_mirror(run_dir: Path, port: int):
 
 
 def make_instructor_folders_private() -> list[Path]:
-    """chmod o-rwx the repository's INSTRUCTOR_ONLY folders and its ``.git`` (whose objects hold
-    them all): the students' servers read the repository (the course environment is installed
-    from it), but not these."""
+    """chmod o-rwx the repository's INSTRUCTOR_ONLY folders, its ``.git`` (whose objects hold
+    them all) and the compiled copies of its instructor-only modules: the students' servers
+    read the repository (the course environment is installed from it), but not these."""
     folders = [REPO / name for name in (*INSTRUCTOR_ONLY, ".git") if (REPO / name).exists()]  # files too, since issue 35
+    # A module's compiled copy (__pycache__/<name>.cpython-*.pyc) holds its code and constants
+    # (new_chapter_text's sample solution and hidden tests): hidden with its source. Python
+    # writes later ones with the source's mode, so they stay hidden.
+    folders += [compiled for name in INSTRUCTOR_ONLY if name.endswith(".py")
+                for compiled in sorted((REPO / name).parent.glob(f"__pycache__/{Path(name).stem}.*.pyc"))]
     for folder in folders:
         os.chmod(folder, os.stat(folder).st_mode & ~0o007)
     return folders

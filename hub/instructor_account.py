@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from distlab.grade import cgroups
+from distlab.grade.config import COURSE_ID
 
 RUNUSER = "/usr/sbin/runuser"
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -142,6 +143,14 @@ def set_up(run_dir: Path, user: str, repo: Path, grading: Path, course_env: Path
     os.chmod(grading, 0o700)
     for top in (home, grading):
         _chown_tree(top, account.pw_uid, account.pw_gid)
+    # The exchange's course folder is the instructor's before any student could make it (the
+    # exchange's root is 1777: whoever makes it first owns it; publish refuses one not its own).
+    course_folder = exchange / COURSE_ID
+    course_folder.mkdir(mode=0o755, exist_ok=True)
+    if course_folder.is_symlink() or course_folder.stat().st_uid not in (0, account.pw_uid):
+        raise RuntimeError(f"{course_folder} was made by uid {course_folder.stat().st_uid}, not by the instructor "
+                           f"{user}: remove it and start the hub again")
+    os.chown(course_folder, account.pw_uid, account.pw_gid, follow_symlinks=False)
     # Control groups of its own, so its grading caps each submission's processes together.
     groups = cgroups.delegate(user, f"distlab-grading-{user}")
     environment = {

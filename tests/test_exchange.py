@@ -215,7 +215,7 @@ def test_a_class_hands_in_through_the_exchange_and_reads_its_feedback(course):
         # -- The instructor: collect, autograde (clean room), feedback, return.
         collected = instructor(course, "collect", SLUG)
         assert collected.returncode == 0, collected.stdout + collected.stderr
-        assert re.search(rf"REFUSED '{correct}\+.*names {correct} but was made by {blank}", collected.stdout)
+        assert re.search(rf"REFUSED '{correct}\+.*names '{correct}' but was made by {blank}", collected.stdout)
         # What student 1 handed in is the notebook the launch button opened, with the answer.
         work = Path(course["grading"])
         handed_in = (work / "submitted" / browser_student / SLUG / f"{SLUG}.ipynb").read_text()

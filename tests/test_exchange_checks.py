@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import pwd
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,13 @@ def _submission(inbound: Path, student: str, suffix: str, timestamp: str | None 
     return folder
 
 
+def _staged_name(folder: Path) -> str:
+    """The name ``collect`` gives a submission it keeps as written: its own number replaces the
+    random part (the entry's place in the inbound folder, sorted)."""
+    student, assignment, stamp, _ = folder.name.rsplit("+", 3)
+    return f"{student}+{assignment}+{stamp}+{sorted(os.listdir(folder.parent)).index(folder.name)}"
+
+
 def test_a_submission_made_by_someone_else_than_it_names_is_not_collected(tmp_path, monkeypatch):
     inbound, staged = _exchange(tmp_path, monkeypatch)
     honest = _submission(inbound, ME, "abc")
@@ -48,9 +56,9 @@ def test_a_submission_made_by_someone_else_than_it_names_is_not_collected(tmp_pa
 
     notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
 
-    assert len(notes) == 1 and f"REFUSED {impostor.name!r}: names alice but was made by {ME}" == notes[0]
-    assert [p.name for p in staged.iterdir()] == [honest.name]
-    assert (staged / honest.name / f"{ASSIGNMENT}.ipynb").read_text() == '{"cells": []}'
+    assert len(notes) == 1 and f"REFUSED {impostor.name!r}: names 'alice' but was made by {ME}" == notes[0]
+    assert [p.name for p in staged.iterdir()] == [_staged_name(honest)]
+    assert (staged / _staged_name(honest) / f"{ASSIGNMENT}.ipynb").read_text() == '{"cells": []}'
     assert impostor.exists()   # left where it is, for the instructor to look at
 
 
@@ -114,7 +122,7 @@ def test_a_file_swapped_for_a_link_between_the_check_and_the_copy_is_refused(tmp
     notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
 
     assert len(notes) == 1 and notes[0].startswith(f"REFUSED {racer.name!r}: [Errno 40]"), notes
-    assert [p.name for p in staged.iterdir()] == [honest.name]
+    assert [p.name for p in staged.iterdir()] == [_staged_name(honest)]
 
 
 def test_a_submission_time_before_its_files_last_change_is_replaced_by_that_change(tmp_path, monkeypatch):
@@ -130,8 +138,8 @@ def test_a_submission_time_before_its_files_last_change_is_replaced_by_that_chan
     notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
 
     assert len(notes) == 1 and notes[0].startswith(f"CORRECTED {backdated.name!r}: claimed '2020-01-01"), notes
-    assert (staged / honest.name / "timestamp.txt").read_text() == honest.name.split("+")[2]   # kept as written
-    (corrected,) = [p for p in staged.iterdir() if p.name.endswith("+def")]
+    assert (staged / _staged_name(honest) / "timestamp.txt").read_text() == honest.name.split("+")[2]   # kept as written
+    (corrected,) = [p for p in staged.iterdir() if p.name != _staged_name(honest)]
     written = (corrected / "timestamp.txt").read_text()
     assert corrected.name.split("+")[2] == written
     assert abs((parse_utc(written) - before).total_seconds()) < 60
@@ -216,3 +224,70 @@ def test_a_hand_in_leaves_jupyterlab_s_checkpoints_out_and_warns_of_nothing_it_d
     (fetched / "scratch.ipynb").write_text((release / f"{ASSIGNMENT}.ipynb").read_text())
     log = _hand_in(home, root)
     assert "scratch.ipynb: EXTRA" in log and "checkpoint" not in log, log
+
+
+def _nested(folder: Path, depth: int, request) -> None:
+    """``depth`` folders, one inside the other, made through descriptors (the path grows long)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", "--", str(folder)], check=True))  # shutil recurses
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+
+
+def test_one_students_odd_entries_never_stop_the_class(tmp_path, monkeypatch, request):
+    """The attack: each of these, in a student's own inbound folder, made ``collect`` raise before
+    nbgrader ran (IsADirectoryError, FileNotFoundError, DeprecatedTzKeyWarning, ENOTEMPTY,
+    RecursionError), so nobody was collected. Now each is judged on its own: staged with its
+    time corrected, or refused by name; the honest submission is staged either way."""
+    inbound, staged = _exchange(tmp_path, monkeypatch)
+    honest = _submission(inbound, ME, "honest")
+    folder_stamp = _submission(inbound, ME, "folderstamp")
+    (folder_stamp / "timestamp.txt").unlink()
+    (folder_stamp / "timestamp.txt").mkdir()
+    slashed = _submission(inbound, ME, "slash")
+    (slashed / "timestamp.txt").write_text("2099/01/01 00:00:00")
+    relative_zone = _submission(inbound, ME, "zone")
+    (relative_zone / "timestamp.txt").write_text("2026-11-25 10:00:00.000000 ../x")
+    twin_stamp = honest.name.split("+")[2]
+    twin = _submission(inbound, ME, "twin", timestamp=twin_stamp)
+    twin.rename(inbound / f"{ME}+{ASSIGNMENT}+{twin_stamp[:-4]} X+honest")  # ends up named as `honest`
+    twin = inbound / f"{ME}+{ASSIGNMENT}+{twin_stamp[:-4]} X+honest"
+    deep = _submission(inbound, ME, "deep")
+    _nested(deep, 995, request)
+
+    notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
+
+    said = "\n".join(notes)
+    for corrected in (folder_stamp, slashed, relative_zone):
+        assert f"CORRECTED {corrected.name!r}" in said, said
+    assert f"REFUSED {deep.name!r}: it nests folders more than {exchange.MAX_DEPTH} deep" in said, said
+    assert twin.name not in said and honest.name not in said, said
+    staged_names = sorted(p.name for p in staged.iterdir())
+    assert len(staged_names) == 5, staged_names        # all but the deep one
+    assert all(name.startswith(f"{ME}+{ASSIGNMENT}+") and "/" not in name for name in staged_names)
+    for name in staged_names:                           # nbgrader can read every time it is given
+        assert parse_utc(name.split("+")[2]) == parse_utc((staged / name / "timestamp.txt").read_text())
+
+
+def test_publish_refuses_a_course_folder_in_the_exchange_that_someone_else_made(tmp_path):
+    """The attack: the exchange's root is 1777, so a student who makes ``<exchange>/distlab``
+    before the first publish owns it (and its ``outbound``, what the class fetches). publish
+    wrote the release into it; now it refuses, saying whose folder it is and what to do."""
+    course = Course(tmp_path / "work")
+    planted = tmp_path / "work" / "exchange" / "distlab"
+    planted.mkdir(parents=True)
+    stranger = 54321   # no account: any uid but ours
+    os.chown(planted, stranger, stranger)
+
+    done = course.grade("publish", ASSIGNMENT)
+
+    assert done.returncode == 1, course.log
+    assert f"belongs to uid {stranger}, not to you ({ME})" in done.stdout and "publish again" in done.stdout, done.stdout
+    assert list(planted.iterdir()) == []
+    os.chown(planted, os.getuid(), os.getgid())    # the instructor's own folder: published into
+    assert course.grade("publish", ASSIGNMENT).returncode == 0, course.log
+    assert (planted / "outbound" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").exists()

@@ -17,11 +17,19 @@ What it adds:
   serves, ``book/_extra/vendor``). The course's feedback template
   (``grader/templates/distlab_feedback``) loads it from here.
 
+Both pages are served with a Content-Security-Policy (:data:`FEEDBACK_POLICY`): the feedback
+holds the student's notebook, and a ``<script>`` in its markdown or an HTML output (or an
+``onerror=`` attribute) must not run. The only script allowed is the template's own, by its
+hash (read from the template, so the two cannot drift apart), and what it loads (MathJax, by
+``'strict-dynamic'``); formulas render, nothing else runs.
+
 Loaded through ``jupyter_server_config.py`` beside this file.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import re
 from pathlib import Path
@@ -36,6 +44,22 @@ REPO = Path(__file__).resolve().parents[2]
 MATHJAX = REPO / "book" / "_extra" / "vendor" / "mathjax-3.2.2"
 FEEDBACK_URL = "/course/feedback/"   # the template finds MathJax relative to this (keep them together)
 FEEDBACK_FOLDER = re.compile(r"^(?:[^/]+/)*[^/]+/feedback/[^/]+$")
+TEMPLATE = REPO / "src" / "distlab" / "grade" / "templates" / "distlab_feedback" / "index.html.j2"
+
+
+def template_script_hash() -> str:
+    """The CSP source of the feedback template's one inline script (it loads MathJax)."""
+    script = re.search(r"<script>(.*?)</script>", TEMPLATE.read_text(), re.S).group(1)
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode() + "'"
+
+
+FEEDBACK_POLICY = "; ".join([
+    "default-src 'none'",
+    f"script-src {template_script_hash()} 'strict-dynamic'",   # MathJax's own scripts, loaded by it
+    "style-src 'self' 'unsafe-inline'", "font-src 'self' data:", "img-src 'self' data:", "connect-src 'self'",
+    "object-src 'none'", "base-uri 'none'", "form-action 'none'", "frame-ancestors 'self'",
+])
+"""No script of the notebook runs: only the template's (by hash) and MathJax, which it loads."""
 
 
 class FeedbackPage(JupyterHandler):
@@ -46,6 +70,7 @@ class FeedbackPage(JupyterHandler):
     @web.authenticated
     @authorized
     def get(self, path: str):
+        self.set_header("Content-Security-Policy", FEEDBACK_POLICY)
         root = Path(self.settings["server_root_dir"]).expanduser().resolve()
         target = (root / path).resolve()
         if not target.is_relative_to(root):

@@ -47,7 +47,7 @@ import shutil
 import sys
 import time
 
-from distlab.grade import bubblewrap, cluster, config, grades_csv, nbgrader_app
+from distlab.grade import bubblewrap, cluster, config, grades_csv, nbgrader_app, student_output
 from distlab.grade.release import release
 from distlab.grade.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
 
@@ -55,15 +55,24 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
 """The last line of a Python traceback, e.g. ``psycopg.OperationalError: connection failed``."""
 
 
+NOT_GRADED = re.compile(r"\[AutogradeApp \| ERROR\] There was an error processing assignment '[^']+' "
+                        r"for student '([^']+)'")
+"""nbgrader's own line for a submission it could not grade, as the whole of a line: a student's
+printing reaches the log only behind :data:`distlab.grade.student_output.MARK`, and nbgrader's
+multi-line records are indented after their first line (:mod:`distlab.grade.nbgrader_app`)."""
+
+
 def ungraded(lines: list[str]) -> dict[str, str]:
     """``{student: reason}`` for each submission nbgrader could not grade at all (a file that
     is not a notebook, say), the reason being the last exception line it logged before."""
     found, reason = {}, "see the log above"
     for line in lines:
-        text = line.strip()
+        if line.startswith(student_output.MARK):   # a student's printing says nothing about grading
+            continue
+        text = line.strip().removeprefix(nbgrader_app.CONTINUED.strip()).strip()
         if EXCEPTION_LINE.match(text):
             reason = text
-        failed = re.search(r"error processing assignment '[^']+' for student '([^']+)'", text)
+        failed = NOT_GRADED.fullmatch(line)
         if failed:
             found[failed.group(1)] = reason
             reason = "see the log above"
@@ -71,19 +80,21 @@ def ungraded(lines: list[str]) -> dict[str, str]:
 
 
 def collect(slug: str, source: str) -> int:
-    """Copy the class's files into nbgrader's zip-collect layout, then run ``zip_collect``."""
+    """Copy the class's files into nbgrader's zip-collect layout, then run ``zip_collect``.
+    Links in ``source`` are refused, never followed (students may have made its folders)."""
+    from distlab.grade import exchange
+
     archive = os.path.join(config.work_dir(), "downloaded", slug, "archive")
     if os.path.isdir(archive):
         shutil.rmtree(archive)
     os.makedirs(archive, mode=0o700)
-    entries = sorted(os.listdir(source))
-    for name in entries:
-        path = os.path.join(source, name)
-        if os.path.isdir(path):
-            shutil.copytree(path, os.path.join(archive, name))
-        else:
-            shutil.copy(path, archive)
-    say(f"collect: {len(entries)} submission(s) from {source} -> {archive}")
+    copied, refused = exchange.copy_class_folder(source, archive)
+    for line in refused:
+        say(f"collect: {line}")
+    say(f"collect: {copied} submission(s) from {source} -> {archive}")
+    if not copied:
+        say(f"collect {slug}: nothing could be collected from {source}")
+        return 1
     start = time.monotonic()
     code = nbgrader("zip_collect", slug, "--force")
     say(f"collect {slug}: {'done' if code == 0 else 'FAILED (see above)'} in {time.monotonic() - start:.1f} s")
@@ -93,6 +104,11 @@ def collect(slug: str, source: str) -> int:
 def publish(slug: str, due: str | None) -> int:
     """Generate the student version into the work folder (which also enters it in the gradebook)
     and release it to the exchange, with a due date if given."""
+    from distlab.grade import exchange
+
+    if problem := exchange.course_folder_problem():
+        say(f"publish {slug}: not published: {problem}")
+        return 1
     staged = os.path.join(config.work_dir(), "release")
     if release([slug], to=staged):
         return 1
@@ -108,14 +124,19 @@ def set_due_date(slug: str, due: str) -> int:
 def collect_from_exchange(slug: str) -> int:
     """``nbgrader collect``, from a private copy of the exchange's inbound folder that holds only
     what :mod:`distlab.grade.exchange` checked: each submission made by the student it names,
-    plain files only, its time from the file system."""
+    plain files only, its time from the file system. Whatever one student left in the exchange,
+    the others are collected; the command fails only when nothing could be."""
     from distlab.grade import exchange
 
     staged = os.path.join(config.private_work_dir(), "staged-exchange")
     shutil.rmtree(staged, ignore_errors=True)
+    inbound = os.path.join(staged, config.COURSE_ID, "inbound")
     try:
-        for line in exchange.stage_submissions(slug, os.path.join(staged, config.COURSE_ID, "inbound")):
+        for line in exchange.stage_submissions(slug, inbound):
             say(f"collect: {line}")
+        if not os.listdir(inbound):
+            say(f"collect {slug}: nothing could be collected (no submission in the exchange passed the checks)")
+            return 1
         # The owners were checked on the exchange; the copies are the grader's own.
         return nbgrader("collect", slug, "--update", f"--Exchange.root={staged}", "--ExchangeCollect.check_owner=False")
     finally:

@@ -176,8 +176,9 @@ class ClusterRun:
         if outcome["code"] < 0:  # Slurm signalled the job (scancel, time limit, node going down)
             return f"{ended}the grader was killed by {signal.Signals(-outcome['code']).name} on {outcome['node']}"
         lines = [line.strip() for line in outcome["output"].splitlines() if line.strip()]
-        said = next((line.split("NOT GRADED (scores 0): ", 1)[1] for line in lines if "NOT GRADED (scores 0): " in line),
-                    None)  # what autograde says of a student it could not grade
+        said = next((line.split("NOT GRADED (scores 0): ", 1)[1] for line in lines
+                     if line.startswith("[distlab.grade] ") and "NOT GRADED (scores 0): " in line),
+                    None)  # what autograde itself says of a student it could not grade (never a printed line)
         return ended + (said or f"autograde ended with code {outcome['code']} on {outcome['node']}: "
                                 f"{lines[-1] if lines else ''}")
 

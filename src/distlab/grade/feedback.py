@@ -12,6 +12,8 @@ text above it, "Task 1 — who am I?") and what it checks (the test's own first 
 "my_rank() on 4 ranks"; for a test without one, its question and the answer names it reads:
 "Concept questions, question (a)", "ideal_step_seconds"). Only the visible part of a test (above ``### BEGIN
 HIDDEN TESTS``) is read: a hidden test never names anything in the feedback.
+:class:`HideHiddenTestDetails` removes any line of hidden-test code that shows up in a test
+cell's output (nbgrader's ``ClearHiddenTests``, after it, removes it from the cell's source).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import re
 from pathlib import Path
 
 from nbgrader import utils
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import List
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -59,7 +61,7 @@ def what_it_checks(source: str, grade_id: str, answer_names: list[str]) -> tuple
 class NameTests(NbGraderPreprocessor):
     """Feedback: name every test cell after its task and what it checks (cell metadata)."""
 
-    display_data_priority = List([]).tag(config=True)   # see nbplugins.QuietClearHiddenTests
+    display_data_priority = List([]).tag(config=True)   # see QuietClearHiddenTests
 
     def preprocess(self, nb, resources):
         task, answer_names = None, []
@@ -77,3 +79,37 @@ class NameTests(NbGraderPreprocessor):
                 cell.metadata["distlab_feedback"] = {
                     "task": ", ".join(filter(None, [task or "Test", part])), "checks": checks}
         return nb, resources
+
+
+class QuietClearHiddenTests(ClearHiddenTests):
+    """nbgrader's ``ClearHiddenTests`` that accepts nbconvert's ``display_data_priority``
+    setting (nbconvert hands it to every preprocessor; nbgrader's base class declares it without
+    ``config=True``, and traitlets then warns once per preprocessor and run)."""
+
+    display_data_priority = List([]).tag(config=True)
+
+
+class HideHiddenTestDetails(NbGraderPreprocessor):
+    """Feedback: in test cells, replace hidden-test code that shows up in outputs."""
+
+    display_data_priority = List([]).tag(config=True)   # see QuietClearHiddenTests
+
+    def preprocess_cell(self, cell, resources, index):
+        from distlab.grade.nbplugins import is_test_cell
+
+        if not is_test_cell(cell):
+            return cell, resources
+        from distlab.grade.cleanroom import _hidden_lines, redact
+
+        hidden = [cell.source.splitlines()[n - 1] for n in sorted(_hidden_lines(cell.source))]
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                output.text = redact(output.text, hidden)
+            elif output.output_type == "error":
+                output.evalue = redact(output.evalue, hidden)
+                output.traceback = [redact(line, hidden) for line in output.traceback]
+            elif "data" in output:
+                for key, value in list(output.data.items()):
+                    if isinstance(value, str):
+                        output.data[key] = redact(value, hidden)
+        return cell, resources

@@ -21,11 +21,21 @@ which imports alembic, SQLAlchemy and nbgrader again: about 4 s of CPU, once per
 for the name of a file in nbgrader's own ``alembic/versions`` folder. It also needs the
 ``alembic`` command on ``PATH``. We read the same answer here, with alembic's own reader of
 that folder, in the process that already imported it.
+
+One thing is added: every line of a log record after its first (a traceback's, say) starts
+with :data:`CONTINUED`. A record's text may hold a student's (an exception that quotes a
+notebook), and the instructor's commands read nbgrader's status lines by their start
+(:data:`distlab.grade.__main__.NOT_GRADED`): only a record's first line, which nbgrader
+writes, can start like one.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+
+CONTINUED = "    | "
+"""The start of each further line of a multi-line log record."""
 
 
 def skip_the_iri_grammar() -> None:
@@ -49,8 +59,19 @@ def read_the_alembic_head_in_process() -> None:
     api.get_alembic_version = alembic_head
 
 
+def indent_continued_lines() -> None:
+    """Make every log record's lines after the first start with :data:`CONTINUED`."""
+    format_record = logging.Formatter.format
+
+    def format_indented(self, record):
+        return format_record(self, record).replace("\n", "\n" + CONTINUED)
+
+    logging.Formatter.format = format_indented
+
+
 def main() -> None:
     skip_the_iri_grammar()
+    indent_continued_lines()
     read_the_alembic_head_in_process()
     from nbgrader.apps.nbgraderapp import main as nbgrader_main
 

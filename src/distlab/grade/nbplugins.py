@@ -9,9 +9,9 @@
   (an error output: 0 points; none: full points).
 * :class:`SaveAutoGradesAtOnce` replaces nbgrader's ``SaveAutoGrades``: one transaction per
   student notebook instead of one commit per cell.
-* :class:`HideHiddenTestDetails` runs when feedback is generated: in test cells it removes
-  any line of hidden-test code that shows up in an output (nbgrader's ``ClearHiddenTests``,
-  which runs after it, removes the hidden code from the cell source).
+* What the kernel and the clean room print reaches the grader's log marked, neutralised and
+  capped, and the kernel's cell outputs are capped as they are kept
+  (:mod:`distlab.grade.student_output`).
 
 Both execution plugins leave no process behind: the nbgrader process is made a child
 subreaper, and after each notebook every process still below it is killed. Each runs its
@@ -37,7 +37,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
 from traitlets import Integer, List, Unicode
 
-from distlab.grade import bubblewrap, config, limits, pipes, submission_caps
+from distlab.grade import bubblewrap, config, limits, pipes, student_output, submission_caps
 from distlab.runtime import processes
 
 
@@ -62,6 +62,7 @@ class GradingKernelManager(AsyncKernelManager):
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
         self.sockets_folder = None   # made when the kernel starts, removed when it is cleaned up
+        self.drain = None            # the kernel's stdout and stderr, on their way to the log
 
     async def start_kernel(self, **kw):
         self.kernel_cwd = kw.get("cwd") or os.getcwd()
@@ -70,7 +71,12 @@ class GradingKernelManager(AsyncKernelManager):
             self.transport = "ipc"
             self.connection_file = os.path.join(self.sockets_folder, "kernel.json")
             self.ip = os.path.join(self.sockets_folder, "socket")
-        return await self._async_start_kernel(**kw)
+        # Its standard output (and ipykernel's saved copy of it) is never nbgrader's own.
+        self.drain = student_output.Drain("the kernel")
+        try:
+            return await self._async_start_kernel(**kw, stdout=self.drain.write_fd, stderr=self.drain.write_fd)
+        finally:
+            self.drain.started()
 
     def format_kernel_cmd(self, extra_arguments=None):
         argv = [sys.executable, "-m", "distlab.grade.kernel", "-f", self.connection_file] + list(extra_arguments or [])
@@ -92,12 +98,15 @@ class GradingKernelManager(AsyncKernelManager):
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
+        if self.drain:   # the kernel is gone: its last lines, then the pipe
+            self.drain, drain = None, self.drain
+            drain.close()
         if self.sockets_folder and not restart:
             shutil.rmtree(self.sockets_folder, ignore_errors=True)
             self.sockets_folder = None
 
 
-class KernelExecute(Execute):
+class KernelExecute(student_output.CappedCellOutputs, Execute):
     """nbgrader's Execute, with the kernel under caps and the test cells left to the clean room."""
 
     kernel_memory_mb = Integer(6144, help="Address-space cap of the grading kernel (MiB)").tag(config=True)
@@ -230,11 +239,14 @@ class CleanRoomTests(NbGraderPreprocessor):
                 bubblewrap.hand_over(room)
                 argv = bubblewrap.command(argv, writable=[room], cwd=room)
             argv = submission_caps.wrap_for_current(argv)
+            drain = student_output.Drain("the clean room")   # what it prints is never nbgrader's own output
             try:
                 proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
+                                        stdout=drain.write_fd, stderr=drain.write_fd,
                                         pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)
             finally:
                 os.close(verdict_out)  # the clean room holds the only write end now
+                drain.started()
             reader = pipes.Reader(verdict_in)
             problem = None
             try:
@@ -246,6 +258,7 @@ class CleanRoomTests(NbGraderPreprocessor):
                 proc.wait()
             finally:
                 limits.kill_descendants()
+                drain.close()
             self.log.info("Clean room finished in %.1f s", time.monotonic() - start)
             answer = reader.result(timeout=10)
             if problem is None and proc.returncode != 0:
@@ -316,35 +329,3 @@ class SaveAutoGradesAtOnce(SaveAutoGrades):
                 del session.commit         # the session's own commit again
             session.commit()
         return nb, resources
-
-
-class QuietClearHiddenTests(ClearHiddenTests):
-    """nbgrader's ``ClearHiddenTests`` that accepts nbconvert's ``display_data_priority``
-    setting (nbconvert hands it to every preprocessor; nbgrader's base class declares it without
-    ``config=True``, and traitlets then warns once per preprocessor and run)."""
-
-    display_data_priority = List([]).tag(config=True)
-
-
-class HideHiddenTestDetails(NbGraderPreprocessor):
-    """Feedback: in test cells, replace hidden-test code that shows up in outputs."""
-
-    display_data_priority = List([]).tag(config=True)   # see QuietClearHiddenTests
-
-    def preprocess_cell(self, cell, resources, index):
-        if not is_test_cell(cell):
-            return cell, resources
-        from distlab.grade.cleanroom import _hidden_lines, redact
-
-        hidden = [cell.source.splitlines()[n - 1] for n in sorted(_hidden_lines(cell.source))]
-        for output in cell.get("outputs", []):
-            if output.output_type == "stream":
-                output.text = redact(output.text, hidden)
-            elif output.output_type == "error":
-                output.evalue = redact(output.evalue, hidden)
-                output.traceback = [redact(line, hidden) for line in output.traceback]
-            elif "data" in output:
-                for key, value in list(output.data.items()):
-                    if isinstance(value, str):
-                        output.data[key] = redact(value, hidden)
-        return cell, resources

@@ -3,7 +3,10 @@
 nbgrader is run as its own process, with the course's configuration (``grader/`` is its
 working folder, so ``grader/nbgrader_config.py`` is read) and this distlab first on the path.
 Its log is streamed as it comes, tidied (routine lines dropped, ``a/../b`` paths shortened),
-and kept in :data:`OUTPUT`, so a command can say in one line what went wrong.
+and kept in :data:`OUTPUT`, so a command can say in one line what went wrong. It is read as
+bytes and capped like a student's printing (:func:`distlab.grade.student_output.capped_lines`:
+control characters neutralised, lines and the whole log cut at :data:`MAX_LOG_LINE_CHARS` and
+:data:`MAX_LOG_BYTES`): the log holds text from students, marked as theirs.
 """
 
 from __future__ import annotations
@@ -13,13 +16,21 @@ import re
 import subprocess
 import sys
 
-from distlab.grade import config
+from distlab.grade import config, student_output
 from distlab.runtime import processes
 
 QUIET = ("Copying ", "  Copying to:", "Overwriting files", "Creating/updating student",
          "Removing existing", "Updating/creating", "Extracting from", "  Extracting to",
          "Directory not found. Creating:")
 """nbgrader log lines that report routine work (zip_collect logs making each new folder as a WARNING)."""
+
+
+MAX_LOG_LINE_CHARS = 4096
+"""Longest line of nbgrader's log shown and kept (a student's lines are shorter already)."""
+
+MAX_LOG_BYTES = 64 * 2**20
+"""Most of one nbgrader run's log shown and kept: a class of a few hundred, each student's
+printing capped at :data:`distlab.grade.student_output.MAX_LOGGED_BYTES` per phase."""
 
 
 def say(message: str) -> None:
@@ -47,10 +58,10 @@ def nbgrader(*args: str) -> int:
     # nbgrader dies with this command (killed, its terminal closed): its kernel and clean room
     # die with nbgrader in turn, so nothing grades on unseen.
     proc = subprocess.Popen(command, cwd=os.path.join(repo, "grader"), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             preexec_fn=processes.die_with_parent)
     OUTPUT.clear()
-    for line in proc.stdout:
+    for line in student_output.capped_lines(proc.stdout, MAX_LOG_LINE_CHARS, MAX_LOG_BYTES):
         line = tidy_paths(line.rstrip())
         OUTPUT.append(line)
         if not any(q in line for q in QUIET):

@@ -1,0 +1,110 @@
+"""Hostile printing (grader/hostile/output/*.py) graded next to two honest classmates.
+
+Each of these submissions prints at the instructor rather than at its notebook: 100 MB in a
+cell, lines of 10 MB, terminal escape sequences, and lines copied from nbgrader's and
+distlab.grade's own messages naming a classmate (``aa-control``), on the kernel's and the
+ranks' real standard output and error. The whole path is tried as the instructor runs it
+(collect, autograde, feedback): the report says nothing false about anyone, no escape reaches
+the instructor's terminal, the log and the files stay under their caps, and every student's
+scores are what their answers earn.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import nbformat
+import pytest
+from grading_support import REPO, SLUG, Course, fresh_dir
+
+from distlab.grade import run_nbgrader, student_output
+
+sys.path.insert(0, str(REPO / "grader" / "hostile"))
+import build as hostile  # noqa: E402
+
+SPECS = hostile.specs(os.path.join(hostile.HERE, "output"))
+CONTROLS = ("aa-control", "zz-control")  # graded first and last (nbgrader goes in name order)
+LOG_BYTES = 2 * 2**20
+"""The autograde log of this class, at most: each of the 4 hostile submissions keeps
+2 x 64 KiB of its printing (kernel, clean room); nbgrader's own lines are a few KiB each."""
+
+
+def _student(name: str) -> str:
+    return "h-" + name.replace("_", "-")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile-output")
+    course = Course(root / "work")
+    release = course.release()
+    incoming = fresh_dir(root / "incoming")
+    correct = hostile.build(type("Correct", (), {})(), str(release))
+    for control in CONTROLS:
+        course.submit(incoming, control, correct)
+    for name, spec in SPECS.items():
+        course.submit(incoming, _student(name), hostile.build(spec, str(release)))
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    autograde = course.grade("autograde", SLUG, "--Execute.timeout=300", timeout=1800)   # 100 MB takes a while
+    feedback = course.grade("feedback", SLUG)
+    return {"course": course, "scores": course.scores(), "autograde": autograde, "feedback": feedback,
+            "submitted": {student: len(body) for student, body in
+                          [(c, correct) for c in CONTROLS] +
+                          [(_student(n), hostile.build(s, str(release))) for n, s in SPECS.items()]}}
+
+
+def test_there_are_the_four_kinds_of_hostile_printing():
+    assert set(SPECS) == {"print_100mb_in_the_kernel", "lines_of_10mb", "terminal_escapes", "forge_grader_lines"}
+
+
+@pytest.mark.timeout(3600)
+def test_every_student_scores_what_the_answers_earn(graded):
+    assert graded["autograde"].returncode == 0, graded["course"].log[-20000:]
+    for control in CONTROLS:
+        assert graded["scores"][control] == {c: float(p) for c, p in hostile.POINTS.items()}, control
+    for name, spec in SPECS.items():
+        got = {cell: float(graded["scores"].get(_student(name), {}).get(cell) or 0.0) for cell in hostile.POINTS}
+        assert got == hostile.expected_scores(spec), (name, got)
+
+
+@pytest.mark.timeout(3600)
+def test_printed_lines_change_nothing_the_grader_reports(graded):
+    """The attack: a printed copy of nbgrader's error line made autograde report a classmate
+    NOT GRADED (scores 0). Now a student's printing shows in the log only behind its mark."""
+    out = graded["autograde"].stdout
+    assert "NOT GRADED" not in "\n".join(line for line in out.splitlines()
+                                         if not line.strip().startswith(student_output.MARK.strip())), out[-5000:]
+    forged = [line for line in out.splitlines() if "for student 'aa-control'" in line]
+    assert forged, "the forged lines should show, marked as a student's printing"
+    assert all(line.startswith("    " + student_output.MARK) for line in forged), forged
+    assert "done, with failures" not in out
+
+
+@pytest.mark.timeout(3600)
+def test_no_escape_or_control_character_reaches_the_instructors_terminal(graded):
+    for command in ("autograde", "feedback"):
+        out = graded[command].stdout + graded[command].stderr
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out), command
+    assert "\\x1b]0;you have been graded\\x07" in graded["autograde"].stdout   # shown, escaped
+
+
+@pytest.mark.timeout(3600)
+def test_the_log_the_graded_notebooks_and_the_feedback_pages_stay_under_their_caps(graded):
+    out = graded["autograde"].stdout
+    assert len(out.encode()) < LOG_BYTES, len(out.encode())
+    longest = max(len(line.encode()) for line in out.splitlines())
+    assert longest <= run_nbgrader.MAX_LOG_LINE_CHARS + 8, longest
+    work = graded["course"].work
+    for student, submitted in graded["submitted"].items():
+        notebook = work / "autograded" / student / SLUG / f"{SLUG}.ipynb"
+        page = work / "feedback" / student / SLUG / f"{SLUG}.html"
+        limit = submitted + student_output.MAX_NOTEBOOK_OUTPUT_CHARS + 2**20   # + the clean room's test outputs
+        assert notebook.stat().st_size < limit, (student, notebook.stat().st_size)
+        assert page.stat().st_size < limit + 2**20, (student, page.stat().st_size)   # + the page's own HTML
+    kept = (work / "autograded" / _student("print_100mb_in_the_kernel") / SLUG / f"{SLUG}.ipynb").read_text()
+    (printed,) = [cell for cell in nbformat.reads(kept, as_version=4).cells if "range(100)" in cell.source]
+    shown = [(o.output_type, o.get("name"), len(o.get("text", "")), str(o)[-300:]) for o in printed.outputs]
+    assert "was not kept" in "".join(o.get("text", "") for o in printed.outputs), shown
+    assert len(kept) < 2 * student_output.MAX_CELL_OUTPUT_CHARS + 2**20
