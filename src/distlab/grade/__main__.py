@@ -47,7 +47,7 @@ import shutil
 import sys
 import time
 
-from distlab.grade import bubblewrap, cluster, config, grades_csv, nbgrader_app, student_output
+from distlab.grade import authoring_commands, bubblewrap, cluster, config, grades_csv, nbgrader_app, student_output
 from distlab.grade.release import release
 from distlab.grade.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
 
@@ -276,20 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_arguments(sub.choices["autograde"])
     p = sub.add_parser("export", help="export all grades as CSV")
     p.add_argument("--to")
-    p = sub.add_parser("new-chapter", help="a new chapter: page, package, exercise, tests, registry entry")
-    p.add_argument("slug", help="NN-name, e.g. 08-context-parallel")
-    p.add_argument("title")
-    p.add_argument("--about", required=True, help="one sentence: what the chapter is about (the reading path's)")
-    p.add_argument("--package", help="its reference package (default: distlab.<name>)")
-    p.add_argument("--questions", choices=("both", "number", "choice"), default="both",
-                   help="the kinds of concept question of the sample (default: one of each)")
-    p = sub.add_parser("chapter-rows", help="check (or --write) the three lists of chapters against the registry")
-    p.add_argument("--write", action="store_true", help="rewrite the places that differ")
-    p = sub.add_parser("page", help="execute pages as the book build does and run the page checks")
-    p.add_argument("paths", nargs="*", help="pages, e.g. book/03-ddp/buckets.md")
-    p.add_argument("--chapter", help="every page of this chapter (a slug of src/distlab/chapters.py)")
-    p = sub.add_parser("authoring", help="the spread of right letters, and the glossary terms pages leave unlinked")
-    p.add_argument("paths", nargs="*", help="pages (default: every page of book/)")
+    authoring_commands.add_parsers(sub)
     p = sub.add_parser("class", help="collect, autograde, feedback, export")
     p.add_argument("slug")
     p.add_argument("--from", dest="source", required=True)
@@ -306,22 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "student-edition":  # needs no gradebook
         from distlab.grade import edition
         return edition.command(args.dest, args.commit, config.repo_root(), say)
-    if args.command == "chapter-rows":
-        from distlab.grade import chapter_rows
-        return chapter_rows.command(config.repo_root(), args.write, say)
-    if args.command == "page":
-        from pathlib import Path
-
-        from distlab.grade import page_check
-        return page_check.command(args.paths, args.chapter, Path(config.repo_root()), say)
-    if args.command == "authoring":
-        from pathlib import Path
-
-        from distlab.grade import authoring
-        return authoring.command(Path(config.repo_root()), args.paths, say)
-    if args.command == "new-chapter":
-        from distlab.grade import new_chapter
-        return new_chapter.command(args.slug, args.title, args.about, args.package, say, args.questions)
+    if args.command in authoring_commands.NAMES:  # write the course; need no gradebook
+        return authoring_commands.run(args, config.repo_root(), say)
     if not database_answers(args.command):
         return 1
     if args.command == "release":
