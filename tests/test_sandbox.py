@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -384,3 +387,72 @@ def test_the_kernels_socket_folder_lives_exactly_as_long_as_its_kernel(tmp_path)
 
     asyncio.run(start_and_shut_down())
     assert folders() == before
+
+
+GRADED_KERNEL = textwrap.dedent(r'''
+    import asyncio, json, os, sys
+    from distlab.grade.nbplugins import GradingKernelManager
+
+    async def main(folder, marker):
+        km = GradingKernelManager(kernel_name="python3")
+        await km.start_kernel(cwd=folder)
+        client = km.client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=120)
+            # a forked process's print reaches the notebook too (ipykernel's pipe for them, moved
+            # to a Unix socket): the owner must hear it
+            client.execute(f"import os, time\nif os.fork() == 0:\n    print('forked', {marker!r}, flush=True)\n"
+                           "    os._exit(0)\n"
+                           f"for _ in range(80):\n    print({marker!r}, flush=True)\n    time.sleep(0.1)")
+            print(json.dumps(km.get_connection_info(session=False), default=str), flush=True)
+            sys.stdin.readline()              # the eavesdropper has listened
+            heard = ""
+            while "forked " + marker not in heard or heard.count(marker) < 3:
+                msg = await client.get_iopub_msg(timeout=30)
+                heard += msg["content"].get("text", "")
+            print("owner heard it", flush=True)
+        finally:
+            client.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+''')
+
+
+def test_another_account_on_the_node_cannot_listen_to_a_grading_kernel():
+    """Issue 44's attack on the grading kernel of a grader without the sandbox (inside it, the
+    kernel has a network of its own): a second account scans /proc/net/tcp and /proc/net/unix
+    for the grader's listening sockets and subscribes to each while the kernel prints. The
+    grader here is a numbered account of its own, so that only its sockets are tried."""
+    from eavesdrop import VICTIM_UID, eavesdrop, python_for_any_account
+
+    home = Path(tempfile.mkdtemp(prefix="distlab-grader-", dir="/tmp"))
+    try:
+        os.chown(home, VICTIM_UID, VICTIM_UID)
+        home.chmod(0o700)
+        marker = f"graded-answer-{os.getpid()}"
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home), "LANG": "C.UTF-8",
+               bubblewrap.SANDBOX_VARIABLE: "none"}
+        grader = subprocess.Popen(["setpriv", f"--reuid={VICTIM_UID}", f"--regid={VICTIM_UID}", "--clear-groups",
+                                   python_for_any_account(), "-c", GRADED_KERNEL, str(home), marker],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env, cwd=home)
+        try:
+            connection = json.loads(grader.stdout.readline() or "{}")
+            assert connection, grader.stderr.read()
+            heard = eavesdrop(VICTIM_UID, seconds=4)
+            grader.stdin.write("done\n")
+            grader.stdin.flush()
+            said, errors = grader.communicate(timeout=120)
+        finally:
+            if grader.poll() is None:
+                grader.kill()
+                grader.wait()
+        assert "owner heard it" in said, errors[-3000:]   # the positive twin: the kernel did print
+        assert not [h for h in heard["heard"] if marker in h], heard["heard"][:3]
+        assert not [e for e in heard["endpoints"] if e.startswith("tcp://")], heard["endpoints"]
+        assert connection["transport"] == "ipc" and os.path.isabs(connection["ip"]), connection
+        assert "Kernel is running over TCP without encryption" not in errors
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -16,3 +16,7 @@ c.CourseDirectory.course_id = "distlab"
 # inbound/ (submissions: students may write but not list it), feedback/ (one file per
 # submission, named by a hash of the submitted notebook, which only its author has).
 c.Exchange.root = os.environ.get("DISTLAB_HUB_EXCHANGE", "/srv/nbgrader/exchange")
+# A notebook nbgrader runs (the Assignments tab's Validate button) gets a kernel on Unix sockets in
+# a private folder, as every kernel of the course (distlab.grade.kernel_sockets), not on TCP
+# ports any account on the node could listen to.
+c.Execute.kernel_manager_class = "distlab.grade.kernel_sockets.PrivateSocketsKernelManager"

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
@@ -38,6 +36,7 @@ from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocess
 from traitlets import Integer, List, Unicode
 
 from distlab.grade import bubblewrap, config, limits, pipes, submission_caps
+from distlab.grade.kernel_sockets import PrivateSocketsKernelManager
 from distlab.runtime import processes
 
 
@@ -46,31 +45,26 @@ def is_test_cell(cell) -> bool:
     return cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
 
 
-class GradingKernelManager(AsyncKernelManager):
+class GradingKernelManager(PrivateSocketsKernelManager):
     """Starts the kernel as ``<this python> -m distlab.grade.kernel``: the project's .venv, capped.
 
-    Inside the operating-system boundary (:mod:`distlab.grade.bubblewrap`) the kernel has a
-    network of its own, so it cannot listen on the grader's ``127.0.0.1``: it talks to nbgrader
-    through Unix sockets (jupyter's ``ipc`` transport) in a private folder, the one folder it
-    shares with the grader besides the submission's. Interrupting a cell that runs too long is
-    a message (``interrupt_request``): a signal to the kernel's process group would reach
-    ``bwrap`` instead.
+    It talks to nbgrader through Unix sockets in a private folder
+    (:mod:`distlab.grade.kernel_sockets`): no other account on the grading host can listen to
+    it. Inside the operating-system boundary (:mod:`distlab.grade.bubblewrap`) the kernel has a
+    network of its own anyway, so it could not listen on the grader's ``127.0.0.1``; that
+    folder is the one it shares with the grader besides the submission's. Interrupting a cell
+    that runs too long is a message (``interrupt_request``): a signal to the kernel's process
+    group would reach ``bwrap`` instead.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
-        self.sockets_folder = None   # made when the kernel starts, removed when it is cleaned up
 
     async def start_kernel(self, **kw):
         self.kernel_cwd = kw.get("cwd") or os.getcwd()
-        if self.sandboxed and self.sockets_folder is None:
-            self.sockets_folder = tempfile.mkdtemp(prefix="distlab-kernel-")
-            self.transport = "ipc"
-            self.connection_file = os.path.join(self.sockets_folder, "kernel.json")
-            self.ip = os.path.join(self.sockets_folder, "socket")
-        return await self._async_start_kernel(**kw)
+        return await super().start_kernel(**kw)
 
     def format_kernel_cmd(self, extra_arguments=None):
         argv = [sys.executable, "-m", "distlab.grade.kernel", "-f", self.connection_file] + list(extra_arguments or [])
@@ -89,12 +83,6 @@ class GradingKernelManager(AsyncKernelManager):
             return await self._async_interrupt_kernel()
         self._connect_control_socket()
         self.session.send(self._control_socket, self.session.msg("interrupt_request", content={}))
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        if self.sockets_folder and not restart:
-            shutil.rmtree(self.sockets_folder, ignore_errors=True)
-            self.sockets_folder = None
 
 
 class KernelExecute(Execute):
