@@ -76,9 +76,6 @@ c.GenerateAssignment.create_assignment = True
 
 # Autograde: student cells run in the .venv kernel under caps, with a per-cell timeout;
 # test cells run in the clean room (distlab.grade.cleanroom), which decides the scores.
-# (Any other nbgrader command that runs a notebook, `validate` say, gets a kernel on private Unix
-# sockets too: distlab.grade.kernel_sockets. Autograde's KernelExecute brings its own.)
-c.Execute.kernel_manager_class = "distlab.grade.kernel_sockets.PrivateSocketsKernelManager"
 c.Execute.timeout = _grading.CELL_TIMEOUT_S
 c.Execute.interrupt_on_timeout = True
 c.OverwriteCells.add_missing_cells = True  # a deleted test cell comes back (and is run)

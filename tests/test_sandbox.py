@@ -456,3 +456,19 @@ def test_another_account_on_the_node_cannot_listen_to_a_grading_kernel():
         assert "Kernel is running over TCP without encryption" not in errors
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_no_setting_swaps_the_grading_kernel_for_another():
+    """The hub's nbgrader settings name a kernel manager for nbgrader's other kernels
+    (Execute.kernel_manager_class): autograde must keep its own, capped and sandboxed. When the
+    setting won, the kernel ran outside the sandbox and a submission wrote into /."""
+    from traitlets.config import Config
+
+    from distlab.grade.nbplugins import GradingKernelManager, KernelExecute
+
+    settings = Config()
+    settings.Execute.kernel_manager_class = "distlab.grade.kernel_sockets.PrivateSocketsKernelManager"
+    assert KernelExecute(config=settings).kernel_manager_class is GradingKernelManager
+    later = KernelExecute()
+    later.config = settings   # as nbconvert hands a preprocessor its settings, after making it
+    assert later.kernel_manager_class is GradingKernelManager

@@ -28,12 +28,13 @@ import sys
 import tempfile
 import time
 
+from jupyter_client.manager import KernelManager
 from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
-from traitlets import Integer, List, Unicode
+from traitlets import Integer, List, Type, Unicode
 
 from distlab.grade import bubblewrap, config, limits, pipes, submission_caps
 from distlab.grade.kernel_sockets import PrivateSocketsKernelManager
@@ -92,8 +93,12 @@ class KernelExecute(Execute):
     kernel_processes = Integer(24, help="Most live processes below the kernel (its ranks included)").tag(config=True)
     kernel_output_mb = Integer(64, help="Largest file the kernel and its ranks may write (MiB)").tag(config=True)
 
+    # Not configurable: no setting (Execute.kernel_manager_class, which the hub sets for nbgrader's
+    # other kernels, and which nbconvert applies after __init__) may swap this kernel out.
+    kernel_manager_class = Type(GradingKernelManager, klass=KernelManager)
+
     def __init__(self, *args, **kwargs):
-        kwargs["kernel_manager_class"] = GradingKernelManager
+        kwargs["kernel_manager_class"] = GradingKernelManager   # nbgrader's Execute passes its own
         super().__init__(*args, **kwargs)
 
     def preprocess(self, nb, resources, km=None):
