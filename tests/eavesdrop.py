@@ -1,4 +1,4 @@
-"""Listening in on another account's Jupyter kernel, as any account on the node can try (issue 44).
+"""What a second account on the node can try against a student's kernel and ranks (issue 44).
 
 The attack: a kernel's channels are ZeroMQ sockets. Over TCP, every account on the node sees
 their ports in ``/proc/net/tcp`` (its ``uid`` column names the owner), and a ``SUB`` socket
@@ -11,6 +11,10 @@ attacker tries those as well; a folder only the owner can enter is what keeps th
 tests run as root, as ``make test`` does) and reports what it found and what it heard.
 Numbered accounts of their own keep the scan off every other service of the machine: only
 ports of the victim's account are tried.
+
+:func:`intrude_on_ranks` runs :data:`RANK_INTRUDER` the same way against a running
+``distlab.run``: every port the victim's account listens on (torch's rendezvous store, gloo's
+connections) is tried as a ``TCPStore`` (write a key, count the keys) and sent bytes of junk.
 """
 
 from __future__ import annotations
@@ -88,6 +92,51 @@ def python_for_any_account() -> str:
     folder.chmod(0o755)
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return str(demo.server_python(Path(sys.prefix), folder))
+
+
+RANK_INTRUDER = textwrap.dedent(r'''
+    import datetime, json, socket, sys, time
+    from torch.distributed import TCPStore
+    victim, seconds = int(sys.argv[1]), float(sys.argv[2])
+
+    def listening():
+        ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in open(table).read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[7]) == victim:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
+
+    found, store_written, junk_sent = set(), [], []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for port in sorted(listening() - found):   # the ranks' ports come and go: look again and again
+            found.add(port)
+            try:
+                store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=2))
+                store.set("intruder", "was here")
+                store_written.append([port, store.num_keys()])
+            except Exception:
+                pass
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as junk:
+                    junk.sendall(b"\xff" * 4096)
+                    junk_sent.append(port)
+            except OSError:
+                pass
+        time.sleep(0.1)
+    print(json.dumps({"ports": sorted(found), "store_written": store_written, "junk_sent": junk_sent}))
+''')
+
+
+def intrude_on_ranks(victim_uid: int, seconds: float) -> subprocess.Popen:
+    """Start the second account's attempts on ``victim_uid``'s ranks for ``seconds``; its
+    ``communicate()`` gives the JSON line of what it found and did."""
+    command = ["setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups",
+               python_for_any_account(), "-c", RANK_INTRUDER, str(victim_uid), str(seconds)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})
 
 
 def eavesdrop(victim_uid: int, seconds: float = 4.0) -> dict:
