@@ -36,7 +36,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
 from traitlets import Integer, List, Type, Unicode
 
-from distlab.grade import bubblewrap, config, limits, pipes, submission_caps
+from distlab.grade import bubblewrap, config, limits, pipes, scratch, submission_caps
 from distlab.grade.kernel_sockets import PrivateSocketsKernelManager
 from distlab.runtime import processes
 
@@ -77,7 +77,8 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
         sandboxed = bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
                                        env={"JPY_PARENT_PID": "1"})
-        return submission_caps.wrap_for_current(sandboxed)
+        # its folder: a memory file system of its own, capped in bytes and files (the sockets' stays shared)
+        return submission_caps.wrap_for_current(scratch.wrap(sandboxed, [self.kernel_cwd]))
 
     async def interrupt_kernel(self):
         if not self.sandboxed:
@@ -134,7 +135,9 @@ class KernelExecute(Execute):
             cell.execution_count = None
             return cell, resources
         try:
-            return super().preprocess_cell(cell, resources, index)
+            cell, resources = super().preprocess_cell(cell, resources, index)
+            scratch.explain(cell)   # a write past the caps of the kernel's folder: say which
+            return cell, resources
         except Exception as exc:  # noqa: BLE001
             # The student's code killed or wrecked its kernel (os._exit, SIGKILL, the memory
             # cap, builtins replaced so the kernel cannot even reply...). The cells after it
@@ -221,7 +224,7 @@ class CleanRoomTests(NbGraderPreprocessor):
             argv = [sys.executable, "-m", "distlab.grade.cleanroom", str(verdict_out)]
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
-                argv = bubblewrap.command(argv, writable=[room], cwd=room)
+                argv = scratch.wrap(bubblewrap.command(argv, writable=[room], cwd=room), [room])
             argv = submission_caps.wrap_for_current(argv)
             try:
                 proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
