@@ -8,7 +8,6 @@ and every task counts normally (the answers are correct).
 OUTPUT_CONTAINS = ["No space left on device", "files each; this write went past that", "stopped after"]
 OUTPUT_EXCLUDES = ["stopped after 10240"]
 AFFECTED = []
-MARKER = "distlab-fill-10gb"
 EXTRA_CELLS = [("concepts-answer", """written = 0
 block = b"x" * 2**20
 try:

@@ -7,7 +7,6 @@ counts normally (the answers are correct).
 OUTPUT_CONTAINS = ["No space left on device", "files each; this write went past that", "stopped after"]
 OUTPUT_EXCLUDES = ["stopped after 20000"]
 AFFECTED = []
-MARKER = "distlab-many-files"
 EXTRA_CELLS = [("concepts-answer", """made = 0
 try:
     for i in range(20_000):
