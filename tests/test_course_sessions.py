@@ -357,9 +357,11 @@ def test_another_account_on_the_node_cannot_listen_to_a_students_kernel(server_o
     marker = f"secret-answer-{os.getpid()}"
     client = BlockingKernelClient()
     client.load_connection_info(info)
-    client.start_channels()
+    # no heartbeat: on a loaded machine a kernel still starting misses its beats, and the
+    # client would take it for dead; the wait for its first reply is bound all the same
+    client.start_channels(hb=False)
     try:
-        client.wait_for_ready(timeout=60)
+        client.wait_for_ready(timeout=180)
         client.execute(f"import time\nfor _ in range(60):\n    print({marker!r}, flush=True)\n    time.sleep(0.1)")
         heard = eavesdrop.eavesdrop(eavesdrop.VICTIM_UID, seconds=4)
         owner_heard = ""
