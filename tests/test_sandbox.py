@@ -472,3 +472,33 @@ def test_no_setting_swaps_the_grading_kernel_for_another():
     later = KernelExecute()
     later.config = settings   # as nbconvert hands a preprocessor its settings, after making it
     assert later.kernel_manager_class is GradingKernelManager
+
+
+def test_a_grader_that_is_not_root_gets_the_capped_folders_too():
+    """The folders a submission writes are memory file systems capped in bytes and files
+    (distlab.grade.scratch), also for a grader with no privilege, whose group differs from its
+    user (the hub's instructor): past the cap on files a write fails, the submission's own files
+    are there, and the host's folder is as the grader left it."""
+    import json
+
+    from eavesdrop import VICTIM_UID, python_for_any_account
+
+    from distlab.grade import scratch
+
+    folder = Path(tempfile.mkdtemp(prefix="distlab-capped-", dir="/tmp"))
+    try:
+        (folder / "data.txt").write_text("handed in\n")
+        for path in (folder, folder / "data.txt"):
+            os.chown(path, VICTIM_UID, VICTIM_UID + 1)
+        spec = json.dumps([{"path": str(folder), "mb": 8, "files": 100}])
+        writes = (f"cd {folder} && cat data.txt && i=0 && "
+                  "while [ $i -lt 1000 ] && echo x > f$i 2>/dev/null; do i=$((i+1)); done; echo made $i")
+        done = subprocess.run(["setpriv", f"--reuid={VICTIM_UID}", f"--regid={VICTIM_UID + 1}", "--clear-groups",
+                               python_for_any_account(), "-m", scratch.__name__, spec, "--", "sh", "-c", writes],
+                              capture_output=True, text=True, timeout=120, cwd="/")
+        assert done.returncode == 0, done.stderr
+        said = done.stdout.split()
+        assert said[:2] == ["handed", "in"] and said[2] == "made" and 90 <= int(said[3]) < 100, done.stdout
+        assert sorted(p.name for p in folder.iterdir()) == ["data.txt"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

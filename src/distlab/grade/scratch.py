@@ -66,8 +66,8 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
-def _own_namespace(libc) -> int:
-    """Enter a mount namespace of our own; return the uid who owns the capped folders."""
+def _own_namespace(libc) -> tuple[int, int]:
+    """Enter a mount namespace of our own; return the uid and gid who own the capped folders."""
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(_CLONE_NEWNS | (0 if uid == 0 else _CLONE_NEWUSER)) != 0:
         raise OSError(ctypes.get_errno(), "unshare: cannot make a mount namespace for the capped folders")
@@ -77,14 +77,14 @@ def _own_namespace(libc) -> int:
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "cannot make the mounts private")
-    return NOBODY if uid == 0 else uid   # a root grader's sandbox runs as nobody
+    return (NOBODY, NOBODY) if uid == 0 else (uid, gid)   # a root grader's sandbox runs as nobody
 
 
-def _cap(libc, entry: dict, owner: int) -> None:
+def _cap(libc, entry: dict, owner: tuple[int, int]) -> None:
     path = entry["path"]
     held = os.open(path, os.O_RDONLY | os.O_DIRECTORY)   # what the folder holds, once covered
     try:
-        options = f"size={entry['mb']}m,nr_inodes={entry['files']},mode=0700,uid={owner},gid={owner}"
+        options = f"size={entry['mb']}m,nr_inodes={entry['files']},mode=0700,uid={owner[0]},gid={owner[1]}"
         if libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()) != 0:
             raise OSError(ctypes.get_errno(), f"cannot mount a capped folder on {path}")
         try:
@@ -94,7 +94,7 @@ def _cap(libc, entry: dict, owner: int) -> None:
         if os.getuid() == 0:
             for parent, dirs, files in os.walk(path):
                 for name in [parent] + [os.path.join(parent, n) for n in dirs + files]:
-                    os.chown(name, owner, owner, follow_symlinks=False)
+                    os.chown(name, *owner, follow_symlinks=False)
     finally:
         os.close(held)
 
