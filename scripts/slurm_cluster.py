@@ -26,8 +26,8 @@ teardown it cancels every job of this private cluster (whoever submitted it: the
 students submit as themselves), ends the daemons by pid, then ends
 whatever descendants are left, by pid. It never signals anything by name.
 
-Facts this relies on (measured on Debian 12 with Slurm 22.05): no ``cgroup.conf`` (22.05 breaks
-on ``CgroupPlugin=disabled``), ``proctrack/linuxproc`` + ``task/none``; spool dirs created
+Facts this relies on (measured on Debian 12 with Slurm 22.05): ``cgroup.conf`` only where the
+jobs are confined (22.05 breaks on ``CgroupPlugin=disabled``), see :func:`confinement_lines`; spool dirs created
 first; ``slurmd`` may ignore SIGTERM while it retries a dead controller (SIGKILL follows);
 Slurm client commands block for minutes when the controller is gone (every call here has a
 timeout).
@@ -160,6 +160,33 @@ def check_socket_paths(root: Path) -> None:
                            "limit of a Unix socket path. Use a shorter directory.")
 
 
+CGROUP_V1_CONTROLLERS = ("freezer", "cpuset", "memory")
+"""What Slurm's cgroup/v1 plugin needs mounted (and root able to make groups in)."""
+
+
+def confinement_lines(root: Path) -> list[str]:
+    """slurm.conf's lines on how a job's processes are tracked and confined.
+
+    Where cgroup v1 is mounted with the controllers Slurm needs (this machine, measured: a step
+    runs in ``freezer:/slurm_<node>/uid_<uid>/job_<id>/step_0``), each job gets its own control
+    groups: Slurm then knows every process of a job (``proctrack/cgroup``: nothing escapes
+    ``scancel`` by leaving its session) and caps its memory at what it asked for
+    (``ConstrainRAMSpace``). Not its cores: the two "nodes" here are one machine, so a job's core
+    numbers are not cores of its own (``ConstrainCores=no``; a real cluster says yes). The
+    groups are named by node and job id, and two clusters of this script may run at once on one
+    machine with the same node names: each starts its job ids at a number of its own
+    (``FirstJobId``). Elsewhere (cgroup v2 only, not tried with this Slurm; or no right to make
+    groups) jobs are tracked by process tree as before, ``proctrack/linuxproc`` and ``task/none``,
+    with no cgroup.conf at all."""
+    base = Path("/sys/fs/cgroup")
+    if os.geteuid() == 0 and all(os.access(base / c / "cgroup.procs", os.W_OK) for c in CGROUP_V1_CONTROLLERS):
+        (root / "cgroup.conf").write_text("# Written by scripts/slurm_cluster.py\nCgroupPlugin=cgroup/v1\n"
+                                          "ConstrainRAMSpace=yes\nConstrainCores=no\n")
+        return ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup",
+                f"FirstJobId={1000 + int.from_bytes(os.urandom(3), 'big')}"]
+    return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]
+
+
 def write_config(root: Path) -> Path:
     """Write ``root/slurm.conf`` for a controller and two nodes on 127.0.0.1; return its path."""
     check_socket_paths(root)
@@ -185,8 +212,7 @@ def write_config(root: Path) -> Path:
         f"SlurmdPidFile={root}/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
         f"SlurmdLogFile={root}/log/slurmd-%n.log",
-        "ProctrackType=proctrack/linuxproc",  # no cgroups here (and no cgroup.conf at all)
-        "TaskPlugin=task/none",
+        *confinement_lines(root),
         "SwitchType=switch/none",
         "MpiDefault=none",
         "SchedulerType=sched/builtin",  # first come, first served: jobs start at once
@@ -196,6 +222,9 @@ def write_config(root: Path) -> Path:
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
         "MailProg=/bin/true",
+        # A user's squeue, sacct, sshare and scontrol show only their own jobs, usage and account:
+        # students share the cluster; root and SlurmUser (the hub's queue position) see all.
+        "PrivateData=jobs,usage,users",
         "ReturnToService=2",
         "KillWait=5",          # seconds between SIGTERM and SIGKILL when a job is cancelled
         "MinJobAge=300",       # finished jobs stay visible to scontrol for 5 minutes

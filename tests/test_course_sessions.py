@@ -30,10 +30,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import eavesdrop
 import hub_support
 import pytest
 from book_browser import CHROMIUM_ARGS, find_chromium
@@ -294,3 +297,86 @@ def test_the_launch_buttons_notebook_is_the_fetched_assignment_once_released(jup
     shutil.copy(release, home / "distlab" / "notebooks" / "99-not-released" / "99-not-released.ipynb")
     assert opened(url, "distlab/notebooks/99-not-released/99-not-released.ipynb") == \
         "distlab/notebooks/99-not-released/99-not-released.ipynb"
+
+
+# -- kernels on Unix sockets: another account on the node cannot listen in (issue 44) -------
+
+@pytest.fixture
+def server_of_another_account():
+    """``jupyter lab`` with the hub's settings, run as the numbered account
+    :data:`eavesdrop.VICTIM_UID` (a student's server on a shared node), its home and root a
+    fresh folder of that account; yields ``(url, home)``."""
+    home = Path(tempfile.mkdtemp(prefix="dl-v-", dir="/tmp"))   # short, as a home is
+    os.chown(home, eavesdrop.VICTIM_UID, eavesdrop.VICTIM_UID)
+    home.chmod(0o700)
+    port = demo.free_port()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
+           "JUPYTER_CONFIG_PATH": f"{REPO / 'hub' / 'jupyter'}:{Path(sys.prefix) / 'etc' / 'jupyter'}",
+           "JUPYTER_PATH": str(Path(sys.prefix) / "share" / "jupyter")}
+    log = home.parent / f"{home.name}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            ["setpriv", f"--reuid={eavesdrop.VICTIM_UID}", f"--regid={eavesdrop.VICTIM_UID}", "--clear-groups",
+             eavesdrop.python_for_any_account(), "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={home}"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=home, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        demo._wait_for(lambda: answers(f"{url}/api/status?token={TOKEN}"), 90, "jupyter lab did not answer", proc, log)
+        yield url, home, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(log, ARTIFACTS / "server-of-another-account.log")
+        shutil.rmtree(home, ignore_errors=True)
+        log.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_another_account_on_the_node_cannot_listen_to_a_students_kernel(server_of_another_account):
+    """The attack of issue 44, on a server with the hub's settings: a second account scans
+    /proc/net/tcp (and /proc/net/unix) for the student's listening sockets and subscribes to
+    each, while the student's kernel prints. It must hear nothing, and find no kernel port."""
+    from jupyter_client import BlockingKernelClient
+
+    url, home, log = server_of_another_account
+    request = urllib.request.Request(f"{url}/api/kernels?token={TOKEN}", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        kernel_id = json.load(answer)["id"]
+    [connection_file] = list(home.glob(f".local/share/jupyter/runtime/kernel-{kernel_id}.json"))
+    info = json.loads(connection_file.read_text())
+
+    # The student (the owner: root here reads the connection file) runs a cell that prints.
+    marker = f"secret-answer-{os.getpid()}"
+    client = BlockingKernelClient()
+    client.load_connection_info(info)
+    # no heartbeat: on a loaded machine a kernel still starting misses its beats, and the
+    # client would take it for dead; the wait for its first reply is bound all the same
+    client.start_channels(hb=False)
+    try:
+        client.wait_for_ready(timeout=180)
+        client.execute(f"import time\nfor _ in range(60):\n    print({marker!r}, flush=True)\n    time.sleep(0.1)")
+        heard = eavesdrop.eavesdrop(eavesdrop.VICTIM_UID, seconds=4)
+        owner_heard = ""
+        deadline = time.monotonic() + 30
+        while marker not in owner_heard and time.monotonic() < deadline:
+            msg = client.get_iopub_msg(timeout=30)
+            owner_heard += msg["content"].get("text", "")
+    finally:
+        client.stop_channels()
+    assert marker in owner_heard, "the kernel did not print: the attack was not tried"   # the positive twin
+    server_port = int(url.rsplit(":", 1)[1])
+    assert not [h for h in heard["heard"] if marker in h], heard["heard"][:3]
+    assert [e for e in heard["endpoints"] if e.startswith("tcp://")] == [f"tcp://127.0.0.1:{server_port}"], heard
+    # How: Unix sockets in Jupyter's runtime folder, which only the student can enter.
+    runtime = connection_file.parent
+    assert info["transport"] == "ipc" and Path(info["ip"]).parent == runtime, info
+    assert runtime.stat().st_mode & 0o777 == 0o700 and runtime.stat().st_uid == eavesdrop.VICTIM_UID
+    assert "Kernel is running over TCP without encryption" not in log.read_text()

@@ -112,3 +112,27 @@ def test_switched_off_the_kernels_start_as_usual(monkeypatch):
     nb = notebook("import os, sys; print(os.getppid(), 'torch' in sys.modules)")
     NotebookClient(nb, kernel_name="python3", timeout=60).execute()
     assert outputs(nb) == [f"{os.getpid()} False\n"]  # a new Python, started by Jupyter from here
+
+
+SOCKETS_PROBE = ("import os, psutil\n"
+                 "from ipykernel.kernelapp import IPKernelApp\n"
+                 "app = IPKernelApp.instance()\n"
+                 "folder = os.path.dirname(app.connection_file)\n"
+                 "tcp = [c.laddr for c in psutil.Process().net_connections('inet') if c.status == 'LISTEN']\n"
+                 "print(app.transport, oct(os.stat(folder).st_mode & 0o777), os.path.dirname(app.ip) == folder, tcp)")
+"""What a page's kernel reports of its own sockets: its transport, its folder's mode, whether
+its sockets are in that folder, and the TCP ports it listens on."""
+
+
+@pytest.mark.parametrize("forked", ["1", "0"])
+def test_the_pages_kernels_listen_on_no_tcp_port(monkeypatch, forked):
+    """Issue 44: a kernel on TCP can be listened to by any account on the machine; the book's
+    kernels, forked or not, use Unix sockets in a folder only the build's account can enter."""
+    monkeypatch.setenv("DISTLAB_BOOK_FORKED_KERNELS", forked)
+    forked_kernels.start()
+    try:
+        nb = notebook(SOCKETS_PROBE)
+        NotebookClient(nb, kernel_name="python3", timeout=60).execute()
+    finally:
+        forked_kernels.stop()
+    assert outputs(nb) == ["ipc 0o700 True []\n"]

@@ -390,3 +390,57 @@ def test_ten_concurrent_runs_from_different_processes_do_not_collide():
         out, err = proc.communicate(timeout=500)
         assert proc.returncode == 0, err[-2000:]
         assert f"RESULT {[2 * k + 1] * 2}" in out
+
+
+# ---- a second account on the node (issue 44) ------------------------------------------------
+
+VICTIM_RUN = """
+import json, time
+import distlab
+
+def busy(seconds):
+    import torch, torch.distributed as dist
+    end, calls = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        total = torch.ones(4) * (dist.get_rank() + 1)
+        dist.all_reduce(total)
+        calls += 1
+        time.sleep(0.05)
+    return total.tolist(), calls
+
+print(json.dumps(distlab.run(busy, 10, nprocs=2, timeout=180)))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_another_account_on_the_node_cannot_reach_a_runs_store_or_ranks(tmp_path):
+    """While a student's ``distlab.run`` works, a second account looks for every port the
+    student listens on (/proc/net/tcp names each one's owner), tries each as the run's
+    rendezvous store (write a key) and sends junk to each (gloo's connections). The ranks live
+    in a network of their own: it finds no port, and the run's result is right."""
+    import shutil
+    import tempfile
+
+    from eavesdrop import VICTIM_UID, intrude_on_ranks, python_for_any_account
+
+    home = Path(tempfile.mkdtemp(prefix="dl-r-", dir="/tmp"))
+    try:
+        os.chown(home, VICTIM_UID, VICTIM_UID)
+        home.chmod(0o700)
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home), "LANG": "C.UTF-8"}
+        intruder = intrude_on_ranks(VICTIM_UID, seconds=30)
+        done = subprocess.run(["setpriv", f"--reuid={VICTIM_UID}", f"--regid={VICTIM_UID}", "--clear-groups",
+                               python_for_any_account(), "-c", VICTIM_RUN],
+                              capture_output=True, text=True, env=env, cwd=home, timeout=240)
+        tried, intruder_errors = intruder.communicate(timeout=120)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    import json
+
+    report = json.loads(tried or "{}")
+    assert report, intruder_errors[-3000:]
+    assert report["store_written"] == [], report     # the rendezvous store: not reached
+    assert report["ports"] == [], report             # nor anything else the ranks listen on
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r[0] for r in results] == [[3.0] * 4] * 2 and all(r[1] > 10 for r in results), results

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -384,3 +387,118 @@ def test_the_kernels_socket_folder_lives_exactly_as_long_as_its_kernel(tmp_path)
 
     asyncio.run(start_and_shut_down())
     assert folders() == before
+
+
+GRADED_KERNEL = textwrap.dedent(r'''
+    import asyncio, json, os, sys
+    from distlab.grade.nbplugins import GradingKernelManager
+
+    async def main(folder, marker):
+        km = GradingKernelManager(kernel_name="python3")
+        await km.start_kernel(cwd=folder)
+        client = km.client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=120)
+            # a forked process's print reaches the notebook too (ipykernel's pipe for them, moved
+            # to a Unix socket): the owner must hear it
+            client.execute(f"import os, time\nif os.fork() == 0:\n    print('forked', {marker!r}, flush=True)\n"
+                           "    os._exit(0)\n"
+                           f"for _ in range(80):\n    print({marker!r}, flush=True)\n    time.sleep(0.1)")
+            print(json.dumps(km.get_connection_info(session=False), default=str), flush=True)
+            sys.stdin.readline()              # the eavesdropper has listened
+            heard = ""
+            while "forked " + marker not in heard or heard.count(marker) < 3:
+                msg = await client.get_iopub_msg(timeout=30)
+                heard += msg["content"].get("text", "")
+            print("owner heard it", flush=True)
+        finally:
+            client.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+''')
+
+
+def test_another_account_on_the_node_cannot_listen_to_a_grading_kernel():
+    """Issue 44's attack on the grading kernel of a grader without the sandbox (inside it, the
+    kernel has a network of its own): a second account scans /proc/net/tcp and /proc/net/unix
+    for the grader's listening sockets and subscribes to each while the kernel prints. The
+    grader here is a numbered account of its own, so that only its sockets are tried."""
+    from eavesdrop import VICTIM_UID, eavesdrop, python_for_any_account
+
+    home = Path(tempfile.mkdtemp(prefix="distlab-grader-", dir="/tmp"))
+    try:
+        os.chown(home, VICTIM_UID, VICTIM_UID)
+        home.chmod(0o700)
+        marker = f"graded-answer-{os.getpid()}"
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home), "LANG": "C.UTF-8",
+               bubblewrap.SANDBOX_VARIABLE: "none"}
+        grader = subprocess.Popen(["setpriv", f"--reuid={VICTIM_UID}", f"--regid={VICTIM_UID}", "--clear-groups",
+                                   python_for_any_account(), "-c", GRADED_KERNEL, str(home), marker],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env, cwd=home)
+        try:
+            connection = json.loads(grader.stdout.readline() or "{}")
+            assert connection, grader.stderr.read()
+            heard = eavesdrop(VICTIM_UID, seconds=4)
+            grader.stdin.write("done\n")
+            grader.stdin.flush()
+            said, errors = grader.communicate(timeout=120)
+        finally:
+            if grader.poll() is None:
+                grader.kill()
+                grader.wait()
+        assert "owner heard it" in said, errors[-3000:]   # the positive twin: the kernel did print
+        assert not [h for h in heard["heard"] if marker in h], heard["heard"][:3]
+        assert not [e for e in heard["endpoints"] if e.startswith("tcp://")], heard["endpoints"]
+        assert connection["transport"] == "ipc" and os.path.isabs(connection["ip"]), connection
+        assert "Kernel is running over TCP without encryption" not in errors
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_no_setting_swaps_the_grading_kernel_for_another():
+    """The hub's nbgrader settings name a kernel manager for nbgrader's other kernels
+    (Execute.kernel_manager_class): autograde must keep its own, capped and sandboxed. When the
+    setting won, the kernel ran outside the sandbox and a submission wrote into /."""
+    from traitlets.config import Config
+
+    from distlab.grade.nbplugins import GradingKernelManager, KernelExecute
+
+    settings = Config()
+    settings.Execute.kernel_manager_class = "distlab.grade.kernel_sockets.PrivateSocketsKernelManager"
+    assert KernelExecute(config=settings).kernel_manager_class is GradingKernelManager
+    later = KernelExecute()
+    later.config = settings   # as nbconvert hands a preprocessor its settings, after making it
+    assert later.kernel_manager_class is GradingKernelManager
+
+
+def test_a_grader_that_is_not_root_gets_the_capped_folders_too():
+    """The folders a submission writes are memory file systems capped in bytes and files
+    (distlab.grade.scratch), also for a grader with no privilege, whose group differs from its
+    user (the hub's instructor): past the cap on files a write fails, the submission's own files
+    are there, and the host's folder is as the grader left it."""
+    import json
+
+    from eavesdrop import VICTIM_UID, python_for_any_account
+
+    from distlab.grade import scratch
+
+    folder = Path(tempfile.mkdtemp(prefix="distlab-capped-", dir="/tmp"))
+    try:
+        (folder / "data.txt").write_text("handed in\n")
+        for path in (folder, folder / "data.txt"):
+            os.chown(path, VICTIM_UID, VICTIM_UID + 1)
+        spec = json.dumps([{"path": str(folder), "mb": 8, "files": 100}])
+        writes = (f"cd {folder} && cat data.txt && i=0 && "
+                  "while [ $i -lt 1000 ] && echo x > f$i 2>/dev/null; do i=$((i+1)); done; echo made $i")
+        done = subprocess.run(["setpriv", f"--reuid={VICTIM_UID}", f"--regid={VICTIM_UID + 1}", "--clear-groups",
+                               python_for_any_account(), "-m", scratch.__name__, spec, "--", "sh", "-c", writes],
+                              capture_output=True, text=True, timeout=120, cwd="/")
+        assert done.returncode == 0, done.stderr
+        said = done.stdout.split()
+        assert said[:2] == ["handed", "in"] and said[2] == "made" and 90 <= int(said[3]) < 100, done.stdout
+        assert sorted(p.name for p in folder.iterdir()) == ["data.txt"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -626,3 +626,63 @@ def test_a_job_slurm_refuses_is_a_clear_error(slurm_env, monkeypatch):
     with pytest.raises(SlurmJobError, match=r"(?s)sbatch refused the job: .*invalid partition.*partition='nosuchpartition'"):
         distlab.run(lambda: 1, nprocs=2, launcher="sbatch")
     assert set(runs.glob("run-*")) == earlier, "the refused run's directory was left behind"
+
+
+def test_another_account_sees_none_of_a_users_jobs(slurm_env, tmp_path):
+    """PrivateData=jobs,usage,users (issue 44): a job of one account (root's here) is missing
+    from another account's squeue and scontrol, which still answer (nobody, with the cluster's
+    folder searchable for the length of the test, as the course hub makes it)."""
+    # the cluster's folder (and the test session's folders above it), searchable by all while the test runs
+    folders = [Path(slurm_env["slurm_conf"]).parent, *Path(slurm_env["slurm_conf"]).parent.parents][:-1]
+    modes = {folder: folder.stat().st_mode for folder in folders}
+    for folder, mode in modes.items():
+        folder.chmod(mode | 0o001)
+    job = _client(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 120"]).strip()
+    try:
+        assert job and job in _client(["squeue", "--noheader", "--format=%i"])   # its owner sees it
+
+        def as_nobody(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *args],
+                                  capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd="/")
+
+        queue = as_nobody("squeue", "--format=%i %u")
+        assert queue.returncode == 0 and queue.stdout.split() == ["JOBID", "USER"], queue   # answers, and empty
+        shown = as_nobody("scontrol", "show", "job", job)
+        assert "UserId=" not in shown.stdout and "Command=" not in shown.stdout, shown.stdout
+        everything = as_nobody("scontrol", "show", "jobs")
+        assert everything.returncode == 0 and f"JobId={job}" not in everything.stdout, everything
+    finally:
+        _client(["scancel", job])
+        for folder, mode in modes.items():
+            folder.chmod(mode)
+
+
+def test_a_process_that_leaves_its_jobs_session_still_ends_with_the_job(slurm_env):
+    """Where the machine has cgroup v1 (this one does), the cluster tracks each job's processes in
+    a control group of the job (proctrack/cgroup, task/cgroup): a process that leaves the job's
+    process tree (a new session, its parent gone) still ends with the job, which it did not when
+    Slurm followed the process tree (linuxproc). Elsewhere the configuration says linuxproc."""
+    conf = Path(slurm_env["slurm_conf"]).read_text()
+    if not all(os.access(f"/sys/fs/cgroup/{c}/cgroup.procs", os.W_OK) for c in slurm_cluster.CGROUP_V1_CONTROLLERS):
+        assert "ProctrackType=proctrack/linuxproc" in conf and "TaskPlugin=task/none" in conf
+        assert not (Path(slurm_env["slurm_conf"]).parent / "cgroup.conf").exists()
+        return
+    assert "ProctrackType=proctrack/cgroup" in conf and "TaskPlugin=task/cgroup" in conf
+    seconds = f"3000.{time.monotonic_ns() % 10**6:06d}"   # names the escapee among all processes
+    escape = f"setsid sleep {seconds} </dev/null >/dev/null 2>&1 & " + \
+             'g=$(grep ":freezer:" /proc/self/cgroup | cut -d: -f3); echo "$g"'
+    out = subprocess.run(["srun", "--nodes=1", "--ntasks=1", "sh", "-c", escape],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"/slurm_distlab-n\d/uid_\d+/job_\d+/step_\d+", out.stdout.strip()), out.stdout
+
+    def escapees() -> list[psutil.Process]:
+        return [p for p in _processes_mentioning(f"sleep {seconds}") if p.info["cmdline"][:1] == ["sleep"]]
+
+    deadline = time.monotonic() + 20
+    while escapees() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = escapees()
+    for proc in left:
+        proc.kill()
+    assert not left, "a process that left its job's session outlived the job"

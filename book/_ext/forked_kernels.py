@@ -22,6 +22,10 @@ Two pieces:
   the local provisioner signals the process it started.
 
 ``DISTLAB_BOOK_FORKED_KERNELS=0`` turns this off (for comparing build times).
+
+Either way, each page's kernel talks over Unix sockets in a folder of its own, mode 0700
+(:class:`PrivateSocketsProvisioner`, with :mod:`distlab.grade.kernel_sockets`), not over TCP
+ports of ``127.0.0.1`` that any account on the machine could listen to.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import asyncio
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,6 +73,9 @@ def _run_kernel(request: dict, inherited: list[socket.socket]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        from distlab.grade.kernel_sockets import subprocess_output_through_private_socket
+
+        subprocess_output_through_private_socket(request["argv"])
         # ipykernel read JPY_PARENT_PID when the template imported it: say who the parent is now
         # (it then ends the kernel if the template goes, and prints no banner for humans).
         sys.argv = ["ipykernel_launcher", *request["argv"], f"--IPKernelApp.parent_handle={os.getppid()}"]
@@ -172,11 +180,36 @@ TEMPLATE: Template | None = None
 
 try:
     from jupyter_client.provisioning import LocalProvisioner
+
+    from distlab.grade import kernel_sockets
 except ImportError:  # the template process itself needs none of this
     LocalProvisioner = object
 
 
-class ForkedProvisioner(LocalProvisioner):
+class PrivateSocketsProvisioner(LocalProvisioner):
+    """``local-provisioner``, the kernel on Unix sockets in a folder only this account can
+    enter (:func:`distlab.grade.kernel_sockets.use_private_sockets`), kept across a restart."""
+
+    sockets_folder: str | None = None
+
+    async def pre_launch(self, **kwargs):
+        if self.sockets_folder is None:
+            self.sockets_folder = kernel_sockets.use_private_sockets(self.parent)
+        return await super().pre_launch(**kwargs)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs):
+        # ipykernel's launcher, with its one other socket moved beside these (see kernel_sockets)
+        cmd = [kernel_sockets.__name__ if part == "ipykernel_launcher" else part for part in cmd]
+        return await super().launch_kernel(cmd, **kwargs)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if self.sockets_folder and not restart:
+            shutil.rmtree(self.sockets_folder, ignore_errors=True)
+            self.sockets_folder = None
+
+
+class ForkedProvisioner(PrivateSocketsProvisioner):
     """``local-provisioner``, except that the kernel is a fork of the template, not a new Python."""
 
     pid: int | None = None
@@ -237,31 +270,34 @@ class ForkedProvisioner(LocalProvisioner):
 
 
 NAME = "distlab-forked-kernel"
+PRIVATE_NAME = "distlab-private-kernel"
 
 
 def start() -> int | None:
     """Start the template and make it the way kernels start in this process; its pid.
-    ``None`` (kernels start as usual) when switched off."""
+    ``None`` when switched off: kernels start as new Pythons (on private sockets all the same)."""
     global TEMPLATE
-    if os.environ.get("DISTLAB_BOOK_FORKED_KERNELS", "1") == "0":
-        return None
     from importlib.metadata import EntryPoint
 
     from jupyter_client.provisioning.factory import KernelProvisionerFactory
 
-    TEMPLATE = Template()
     factory = KernelProvisionerFactory.instance()
-    factory.provisioners[NAME] = EntryPoint(NAME, f"{__name__}:ForkedProvisioner", factory.GROUP_NAME)
+    for name, provisioner in ((NAME, "ForkedProvisioner"), (PRIVATE_NAME, "PrivateSocketsProvisioner")):
+        factory.provisioners[name] = EntryPoint(name, f"{__name__}:{provisioner}", factory.GROUP_NAME)
+    if os.environ.get("DISTLAB_BOOK_FORKED_KERNELS", "1") == "0":
+        factory.default_provisioner_name = PRIVATE_NAME
+        return None
+    TEMPLATE = Template()
     factory.default_provisioner_name = NAME
     return TEMPLATE.process.pid
 
 
 def stop() -> None:
     global TEMPLATE
-    if TEMPLATE is not None:
-        from jupyter_client.provisioning.factory import KernelProvisionerFactory
+    from jupyter_client.provisioning.factory import KernelProvisionerFactory
 
-        KernelProvisionerFactory.instance().default_provisioner_name = "local-provisioner"
+    KernelProvisionerFactory.instance().default_provisioner_name = "local-provisioner"
+    if TEMPLATE is not None:
         TEMPLATE.stop()
         TEMPLATE = None
 

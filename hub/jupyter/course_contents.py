@@ -27,6 +27,7 @@ import copy
 import functools
 import sys
 
+import course_kernels
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 
 
@@ -42,8 +43,10 @@ def this_pythons_language_info() -> dict | None:
 
 def runs_ipykernel_here(argv: list[str]) -> bool:
     """Is a kernel spec's command ipykernel in this interpreter? jupyter_client runs ``python``,
-    ``python3`` and ``python3.N`` as ``sys.executable`` (KernelManager.format_kernel_cmd)."""
-    if len(argv) < 3 or argv[1:3] not in (["-m", "ipykernel_launcher"], ["-m", "ipykernel"]):
+    ``python3`` and ``python3.N`` as ``sys.executable`` (KernelManager.format_kernel_cmd); the
+    course's launcher (course_kernels) is ipykernel's with one socket moved."""
+    launchers = (["-m", "ipykernel_launcher"], ["-m", "ipykernel"], ["-m", course_kernels.LAUNCHER])
+    if len(argv) < 3 or argv[1:3] not in launchers:
         return False
     major, minor = sys.version_info[:2]
     return argv[0] in ("python", f"python{major}", f"python{major}.{minor}", sys.executable)

@@ -14,6 +14,10 @@ servers' JUPYTER_CONFIG_PATH, see hub/jupyterhub_config.py).
   ``course_feedback`` serves a student's returned feedback as a page with MathJax from the
   course environment; the JupyterLab side of both is ``labextensions/distlab-course`` (one
   hand-written file, no build step), found through ``LabApp.extra_labextensions_path``.
+- Kernels on Unix sockets, in Jupyter's runtime folder (mode 0700, made so below if it is
+  not), not on TCP ports of the node's ``127.0.0.1``: any account on a node can find those in
+  ``/proc/net/tcp`` and read a kernel's every cell and output from its IOPub port (no key is
+  needed to listen). ``course_kernels`` moves ipykernel's one other port there too.
 - Quiet job logs: a warning in a student's job log should mean something happened that a
   person can act on. These did not, and came with every server or every connection:
   * ``'extra_template_paths' was found in both NotebookApp and ServerApp`` (once per start):
@@ -33,8 +37,12 @@ servers' JUPYTER_CONFIG_PATH, see hub/jupyterhub_config.py).
 """
 
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+from jupyter_core.paths import jupyter_runtime_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,6 +58,17 @@ c.ServerApp.jpserver_extensions.update({
 })
 c.ServerApp.contents_manager_class = "course_contents.CourseContentsManager"
 c.LabApp.extra_labextensions_path = [str(HERE / "labextensions")]
+# Kernels on Unix sockets in the runtime folder, which only the student may enter. CENTRE: these
+# lines are all it takes on your hub.
+c.KernelManager.transport = "ipc"
+c.KernelSpecManager.kernel_spec_class = "course_kernels.CourseKernelSpec"
+runtime = jupyter_runtime_dir()
+# A socket's path (<runtime>/kernel-<36-character id>-ipc-<n>) may be at most 107 bytes: a
+# runtime folder deep in a long home path gives way to a private one in the node's /tmp.
+if len(os.path.join(runtime, "kernel-00000000-0000-0000-0000-000000000000-ipc-99").encode()) > 107:
+    runtime = c.ServerApp.runtime_dir = tempfile.mkdtemp(prefix="jupyter-runtime-")
+os.makedirs(runtime, mode=0o700, exist_ok=True)
+os.chmod(runtime, 0o700)
 
 
 class NobodyCanActOnIt(logging.Filter):

@@ -26,3 +26,7 @@ c.Exchange.root = os.environ.get("DISTLAB_HUB_EXCHANGE", "/srv/nbgrader/exchange
 # release, so a checkpoint no longer shows as an "EXTRA" notebook at every submit.
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
 c.ExchangeFactory.submit = "course_exchange.SubmitWhatIsCopied"
+# A notebook nbgrader runs (the Assignments tab's Validate button) gets a kernel on Unix sockets in
+# a private folder, as every kernel of the course (distlab.grade.kernel_sockets), not on TCP
+# ports any account on the node could listen to.
+c.Execute.kernel_manager_class = "distlab.grade.kernel_sockets.PrivateSocketsKernelManager"

@@ -15,7 +15,8 @@ files          A new, empty root holding, read-only: the system (``/usr``, ``/et
                (:data:`TMP_MB`, :data:`SHM_MB`: they live in memory). The only
                folders shared with the outside, writable, are the ones the caller names: the
                kernel's own folder (a copy of the submission's files, without the
-               notebook) or the clean room's folder.
+               notebook) or the clean room's folder, each a memory file system capped in
+               bytes and files (:mod:`distlab.grade.scratch`), and the kernel's sockets.
 network        A new network namespace: only its own loopback. Ranks talk to each other over
                ``127.0.0.1`` inside it; the machine's services (a database, the hub, Slurm's
                daemons, even on the host's ``127.0.0.1``) and every other address are out of
@@ -156,7 +157,10 @@ def command(argv: list[str], writable: list[str], cwd: str, repo: str | None = N
     for folder in writable:
         cmd += ["--bind", folder, folder]
     cmd += ["--clearenv"]  # the grader's environment may hold tokens and passwords
-    for name, value in {**passed_environment(), "HOME": "/tmp", "TMPDIR": "/tmp", **(env or {})}.items():
+    # DISTLAB_PRIVATE_NETWORK=0: ranks started inside stay in the sandbox's network, private
+    # already, where the clean room counts every byte they send (distlab.grade.wire)
+    inside = {"HOME": "/tmp", "TMPDIR": "/tmp", "DISTLAB_PRIVATE_NETWORK": "0"}
+    for name, value in {**passed_environment(), **inside, **(env or {})}.items():
         cmd += ["--setenv", name, value]
     cmd += ["--chdir", os.path.realpath(cwd), "--"]
     if as_root:

@@ -11,7 +11,8 @@ with what the grader put in ``DISTLAB_GRADE_KERNEL`` (a JSON object):
   usable: a copy of the submission's files without the notebook, which holds the restored
   test cells); no process started except torchrun for ``distlab.run``, at most a few others.
 
-Then it removes that variable from its environment and runs ipykernel as usual.
+Then it removes that variable from its environment and runs ipykernel as usual, on the Unix
+sockets its manager chose (:mod:`distlab.grade.kernel_sockets`: no TCP port at all).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def setup_from_environment() -> None:
 def main() -> None:
     setup_from_environment()
     from ipykernel import kernelapp
+
+    from distlab.grade.kernel_sockets import subprocess_output_through_private_socket
+
+    subprocess_output_through_private_socket(sys.argv)
 
     kernelapp.launch_new_instance()
 

@@ -22,22 +22,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.manager import KernelManager
 from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
-from traitlets import Integer, List, Unicode
+from traitlets import Integer, List, Type, Unicode
 
-from distlab.grade import bubblewrap, config, limits, pipes, student_output, submission_caps
+from distlab.grade import bubblewrap, config, limits, pipes, scratch, student_output, submission_caps
+from distlab.grade.kernel_sockets import PrivateSocketsKernelManager, use_private_sockets
 from distlab.runtime import processes
 
 
@@ -46,31 +46,28 @@ def is_test_cell(cell) -> bool:
     return cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
 
 
-class GradingKernelManager(AsyncKernelManager):
+class GradingKernelManager(PrivateSocketsKernelManager):
     """Starts the kernel as ``<this python> -m distlab.grade.kernel``: the project's .venv, capped.
 
-    Inside the operating-system boundary (:mod:`distlab.grade.bubblewrap`) the kernel has a
-    network of its own, so it cannot listen on the grader's ``127.0.0.1``: it talks to nbgrader
-    through Unix sockets (jupyter's ``ipc`` transport) in a private folder, the one folder it
-    shares with the grader besides the submission's. Interrupting a cell that runs too long is
-    a message (``interrupt_request``): a signal to the kernel's process group would reach
-    ``bwrap`` instead.
+    It talks to nbgrader through Unix sockets in a private folder
+    (:mod:`distlab.grade.kernel_sockets`): no other account on the grading host can listen to
+    it. Inside the operating-system boundary (:mod:`distlab.grade.bubblewrap`) the kernel has a
+    network of its own anyway, so it could not listen on the grader's ``127.0.0.1``; that
+    folder is the one it shares with the grader besides the submission's. Interrupting a cell
+    that runs too long is a message (``interrupt_request``): a signal to the kernel's process
+    group would reach ``bwrap`` instead.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
-        self.sockets_folder = None   # made when the kernel starts, removed when it is cleaned up
         self.drain = None            # the kernel's stdout and stderr, on their way to the log
 
     async def start_kernel(self, **kw):
         self.kernel_cwd = kw.get("cwd") or os.getcwd()
-        if self.sandboxed and self.sockets_folder is None:
-            self.sockets_folder = tempfile.mkdtemp(prefix="distlab-kernel-")
-            self.transport = "ipc"
-            self.connection_file = os.path.join(self.sockets_folder, "kernel.json")
-            self.ip = os.path.join(self.sockets_folder, "socket")
+        if self.sockets_folder is None:   # removed by the base class's cleanup
+            self.sockets_folder = use_private_sockets(self)
         # Its standard output (and ipykernel's saved copy of it) is never nbgrader's own.
         self.drain = student_output.Drain("the kernel")
         try:
@@ -88,7 +85,8 @@ class GradingKernelManager(AsyncKernelManager):
         # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
         sandboxed = bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
                                        env={"JPY_PARENT_PID": "1"})
-        return submission_caps.wrap_for_current(sandboxed)
+        # its folder: a memory file system of its own, capped in bytes and files (the sockets' stays shared)
+        return submission_caps.wrap_for_current(scratch.wrap(sandboxed, [self.kernel_cwd]))
 
     async def interrupt_kernel(self):
         if not self.sandboxed:
@@ -101,9 +99,6 @@ class GradingKernelManager(AsyncKernelManager):
         if self.drain:   # the kernel is gone: its last lines, then the pipe
             self.drain, drain = None, self.drain
             drain.close()
-        if self.sockets_folder and not restart:
-            shutil.rmtree(self.sockets_folder, ignore_errors=True)
-            self.sockets_folder = None
 
 
 class KernelExecute(student_output.CappedCellOutputs, Execute):
@@ -113,8 +108,12 @@ class KernelExecute(student_output.CappedCellOutputs, Execute):
     kernel_processes = Integer(24, help="Most live processes below the kernel (its ranks included)").tag(config=True)
     kernel_output_mb = Integer(64, help="Largest file the kernel and its ranks may write (MiB)").tag(config=True)
 
+    # Not configurable: no setting (Execute.kernel_manager_class, which the hub sets for nbgrader's
+    # other kernels, and which nbconvert applies after __init__) may swap this kernel out.
+    kernel_manager_class = Type(GradingKernelManager, klass=KernelManager)
+
     def __init__(self, *args, **kwargs):
-        kwargs["kernel_manager_class"] = GradingKernelManager
+        kwargs["kernel_manager_class"] = GradingKernelManager   # nbgrader's Execute passes its own
         super().__init__(*args, **kwargs)
 
     def preprocess(self, nb, resources, km=None):
@@ -150,7 +149,9 @@ class KernelExecute(student_output.CappedCellOutputs, Execute):
             cell.execution_count = None
             return cell, resources
         try:
-            return super().preprocess_cell(cell, resources, index)
+            cell, resources = super().preprocess_cell(cell, resources, index)
+            scratch.explain(cell)   # a write past the caps of the kernel's folder: say which
+            return cell, resources
         except Exception as exc:  # noqa: BLE001
             # The student's code killed or wrecked its kernel (os._exit, SIGKILL, the memory
             # cap, builtins replaced so the kernel cannot even reply...). The cells after it
@@ -237,7 +238,7 @@ class CleanRoomTests(NbGraderPreprocessor):
             argv = [sys.executable, "-m", "distlab.grade.cleanroom", str(verdict_out)]
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
-                argv = bubblewrap.command(argv, writable=[room], cwd=room)
+                argv = scratch.wrap(bubblewrap.command(argv, writable=[room], cwd=room), [room])
             argv = submission_caps.wrap_for_current(argv)
             drain = student_output.Drain("the clean room")   # what it prints is never nbgrader's own output
             try:

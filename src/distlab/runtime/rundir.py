@@ -13,6 +13,7 @@ two runs, from two notebooks or two users, never touch the same files. Inside it
 ``result-<k>.pkl``      the value rank ``k``'s function returned
 ``error-<k>.pkl``       the exception rank ``k`` raised, with its traceback
 ``agent.log``           what torchrun itself printed
+``hosts``               ``/etc/hosts`` in the ranks' own network (:mod:`~distlab.runtime.private_network`)
 ======================  =====================================================
 
 A pool (:class:`distlab.Pool`) keeps its ranks for many calls: each call gets a folder

@@ -4,6 +4,8 @@ Both launchers that run a process here start it the same way, watch it the same 
 it the same way; only the command differs. The agent runs in a session of its own (Ctrl-C in a
 terminal reaches us, not it: we clean up), dies with us, and adopts what its ranks leave behind
 (:func:`distlab.runtime.processes.leash`). What it prints goes to ``agent.log`` in the run folder.
+An agent whose ranks all run on this machine starts in a network of its own
+(:mod:`distlab.runtime.private_network`): no other account here can reach their ports.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from distlab.runtime import processes
+from distlab.runtime import private_network, processes
 from distlab.runtime import rundir as files
 from distlab.runtime.launchers import spares
 
@@ -20,16 +22,25 @@ from distlab.runtime.launchers import spares
 class Agent:
     """A launcher's agent process and its log."""
 
-    def __init__(self, command: list[str], env: dict[str, str], run_dir: Path, spare: bool = False):
+    def __init__(self, command: list[str], env: dict[str, str], run_dir: Path, spare: bool = False,
+                 private: bool = False):
         """``spare``: if this process keeps spare agents (:mod:`~distlab.runtime.launchers.spares`),
-        one of them becomes this agent instead of a new process."""
+        one of them becomes this agent instead of a new process. ``private``: the agent starts in a
+        network of its own (every rank on this machine; a spare is already where its keeper is)."""
         self.run_dir = Path(run_dir)
         self.log = open(self.run_dir / files.AGENT_LOG, "wb")
         self.process = spares.take(command, env, os.getcwd(), self.run_dir / files.AGENT_LOG) if spare else None
         if self.process is None:
+            start = processes.leash
+            if private and private_network.wanted():
+                hosts = private_network.hosts_file(str(self.run_dir))
+
+                def start():
+                    processes.leash()
+                    private_network.enter(hosts)
             self.process = subprocess.Popen(
                 command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=self.log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=processes.leash)
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=start)
         self.pid = self.process.pid
 
     def poll(self) -> int | None:

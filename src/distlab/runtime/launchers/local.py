@@ -41,7 +41,7 @@ class LocalJob:
         # Same machine: size threads from our cores (torchrun would otherwise set 1 and warn).
         threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
         self.agent = Agent(self.agent_command(nprocs, run_dir, pool), agent_environment(run_dir, backend, threads),
-                           run_dir, spare=self.spare_agents)
+                           run_dir, spare=self.spare_agents, private=True)
         self.watcher = Watcher(run_dir, nprocs, self.agent, self._explain_end, agent_pid=self.agent.pid,
                                ranks_here=True)
 
