@@ -444,3 +444,18 @@ def test_another_account_on_the_node_cannot_reach_a_runs_store_or_ranks(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     assert [r[0] for r in results] == [[3.0] * 4] * 2 and all(r[1] > 10 for r in results), results
+
+
+def test_a_machine_that_refuses_the_private_network_part_way_still_runs_the_ranks(monkeypatch, capfd):
+    """Some security modules let a process make the namespaces and then refuse a step inside
+    them (here: bringing up the new loopback). The agent's child fails before it runs
+    anything; the agent starts again in this network, the run's result is right, and one
+    line says the ports are reachable."""
+    from distlab.runtime import private_network
+
+    def refused():
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(private_network, "_loopback_up", refused)   # the fork copies it into the child
+    assert distlab.run(rank_and_world, 1, nprocs=2) == [(1, 2), (2, 2)]
+    assert "refused a private network for the ranks part-way" in capfd.readouterr().err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from distlab.runtime import private_network, processes
@@ -30,18 +31,27 @@ class Agent:
         self.run_dir = Path(run_dir)
         self.log = open(self.run_dir / files.AGENT_LOG, "wb")
         self.process = spares.take(command, env, os.getcwd(), self.run_dir / files.AGENT_LOG) if spare else None
-        if self.process is None:
-            start = processes.leash
-            if private and private_network.wanted():
-                hosts = private_network.hosts_file(str(self.run_dir))
+        if self.process is None and private and private_network.wanted():
+            hosts = private_network.hosts_file(str(self.run_dir))
 
-                def start():
-                    processes.leash()
-                    private_network.enter(hosts)
-            self.process = subprocess.Popen(
-                command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=self.log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=start)
+            def start_in_private_network():
+                processes.leash()
+                private_network.enter(hosts)
+            try:
+                self.process = self._start(command, env, start_in_private_network)
+            except subprocess.SubprocessError:
+                # Linux let the namespaces be made but refused a step inside them (some
+                # security modules restrict user namespaces that way): that child is gone
+                # without running anything; start the agent in this network, and say so.
+                sys.stderr.write("[distlab] note: this machine refused a private network for the ranks "
+                                 "part-way; other accounts here can reach their ports\n")
+        if self.process is None:
+            self.process = self._start(command, env, processes.leash)
         self.pid = self.process.pid
+
+    def _start(self, command: list[str], env: dict[str, str], preexec) -> subprocess.Popen:
+        return subprocess.Popen(command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=self.log,
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
 
     def poll(self) -> int | None:
         """``None`` while it runs (what the watcher asks of every agent)."""
