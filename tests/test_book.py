@@ -526,28 +526,14 @@ def test_no_graded_solution_is_a_near_copy_of_code_the_book_shows(built_book):
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_TIMEOUT)
 def test_the_book_never_prints_the_reference_of_a_graded_task(built_book):
-    import importlib
-    import inspect
-
+    # Each graded reference, a class whole and method by method (a page may print it in pieces),
+    # one-line wrappers left out: the same list make page checks a page against (book_checks).
     listings = rendered_listings(built_book)
     printed = []
-    for chapter, references in GRADED_REFERENCES.items():
-        for reference in references:
-            module, name = reference.split(":")
-            target = getattr(importlib.import_module(module), name)
-            # A class is checked whole and method by method: a page may print it in pieces.
-            parts = {reference: target}
-            if inspect.isclass(target):
-                parts |= {f"{reference}.{n}": f for n, f in vars(target).items() if inspect.isfunction(f)}
-            for label, part in parts.items():
-                tokens = near_copy.normalised_tokens(textwrap.dedent(inspect.getsource(part)))
-                if len(tokens) < 4 * near_copy.MIN_RUN:
-                    # A one-line wrapper (copy_to_parallel_region) or __repr__ shares its whole
-                    # shape with printed siblings (the sequence-parallel pair): not an answer alone.
-                    continue
-                share, page = best_listing(tokens, listings)
-                if share >= near_copy.NEAR_COPY:
-                    printed.append(f"{chapter}: {label} is {share:.0%} printed on {page}")
+    for label, tokens in book_checks.graded_references(chapters.CHAPTERS):
+        share, page = best_listing(tokens, listings)
+        if share >= near_copy.NEAR_COPY:
+            printed.append(f"{label} is {share:.0%} printed on {page}")
     assert not printed, "\n".join(printed)
 
 
