@@ -29,6 +29,8 @@ import os
 import shutil
 import sys
 
+from distlab.runtime import private_network
+
 FOLDER_MB = 256
 """Bytes one such folder may hold (MiB)."""
 FOLDER_FILES = 10_000
@@ -58,23 +60,13 @@ def explain(cell) -> None:
         cell.outputs.append(NotebookNode({"output_type": "stream", "name": "stderr", "text": NOTE}))
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def _own_namespace(libc) -> tuple[int, int]:
     """Enter a mount namespace of our own; return the uid and gid who own the capped folders."""
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(_CLONE_NEWNS | (0 if uid == 0 else _CLONE_NEWUSER)) != 0:
         raise OSError(ctypes.get_errno(), "unshare: cannot make a mount namespace for the capped folders")
     if uid != 0:
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        private_network.map_to_itself(uid, gid)
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "cannot make the mounts private")
     return (NOBODY, NOBODY) if uid == 0 else (uid, gid)   # a root grader's sandbox runs as nobody

@@ -70,6 +70,15 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
+def map_to_itself(uid: int, gid: int) -> None:
+    """In a user namespace just made: the account inside is the same as outside (``uid``, ``gid``
+    map to themselves; supplementary groups cannot be set, as Linux requires for an unprivileged
+    map)."""
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
 def _loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         request = struct.pack("16sH", b"lo", 0)
@@ -89,10 +98,8 @@ def enter(hosts: str | None = None) -> bool:
         os.write(2, b"[distlab] note: this machine allows no private network for the ranks "
                     b"(user namespaces are off); other accounts here can reach their ports\n")
         return False
-    if uid != 0:   # the same account inside as outside
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    if uid != 0:
+        map_to_itself(uid, gid)
     _loopback_up()
     if hosts and libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0:
         libc.mount(hosts.encode(), b"/etc/hosts", None, _MS_BIND, None)   # if refused: torch warns, no more
