@@ -33,7 +33,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime(exchange.TIMESTAMP_FORMAT)
 
 
-def _nested(folder: Path, depth: int) -> None:
+def nested_folders(folder: Path, depth: int) -> None:
     """``depth`` folders one inside the other, made through descriptors (the path grows long)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     for _ in range(depth):
@@ -93,11 +93,11 @@ class Inbound:
 
     def deep(self, n, rng):
         folder = self.submission(f"d{n}", "refused:nests folders")
-        _nested(folder, rng.randint(exchange.MAX_DEPTH + 1, 1200))
+        nested_folders(folder, rng.randint(exchange.MAX_DEPTH + 1, 1200))
 
     def shallow_enough(self, n, rng):
         folder = self.submission(f"s{n}", "staged")
-        _nested(folder, rng.randint(1, exchange.MAX_DEPTH - 1))
+        nested_folders(folder, rng.randint(1, exchange.MAX_DEPTH - 1))
 
     def link(self, n, rng):
         folder = self.submission(f"l{n}", "refused:symbolic link")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from grading_support import Course
 from nbgrader.utils import parse_utc
+from test_collect_fuzz import nested_folders
 
 from distlab.grade import exchange
 from distlab.grade.__main__ import ungraded
@@ -226,18 +227,6 @@ def test_a_hand_in_leaves_jupyterlab_s_checkpoints_out_and_warns_of_nothing_it_d
     assert "scratch.ipynb: EXTRA" in log and "checkpoint" not in log, log
 
 
-def _nested(folder: Path, depth: int, request) -> None:
-    """``depth`` folders, one inside the other, made through descriptors (the path grows long)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", "--", str(folder)], check=True))  # shutil recurses
-    for _ in range(depth):
-        os.mkdir("d", dir_fd=fd)
-        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = inner
-    os.close(fd)
-
-
 def test_one_students_odd_entries_never_stop_the_class(tmp_path, monkeypatch, request):
     """The attack: each of these, in a student's own inbound folder, made ``collect`` raise before
     nbgrader ran (IsADirectoryError, FileNotFoundError, DeprecatedTzKeyWarning, ENOTEMPTY,
@@ -257,7 +246,8 @@ def test_one_students_odd_entries_never_stop_the_class(tmp_path, monkeypatch, re
     twin.rename(inbound / f"{ME}+{ASSIGNMENT}+{twin_stamp[:-4]} X+honest")  # ends up named as `honest`
     twin = inbound / f"{ME}+{ASSIGNMENT}+{twin_stamp[:-4]} X+honest"
     deep = _submission(inbound, ME, "deep")
-    _nested(deep, 995, request)
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", "--", str(deep)], check=True))  # shutil recurses
+    nested_folders(deep, 995)
 
     notes = exchange.stage_submissions(ASSIGNMENT, str(staged))
 
