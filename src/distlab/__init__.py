@@ -32,6 +32,7 @@ ch.  topic                 package                           what its pages and 
 7    3D parallelism        :mod:`distlab.parallel3d`         ``mesh`` (``Grid``, the rank grid), ``train``,
                                                              ``torch_train``, ``planner`` (choosing a layout),
                                                              ``recommend``
+8    Context parallelism   :mod:`distlab.context_parallel`   ``reference`` (``sum_of_squares``)
 ===  ====================  ================================  =======================================================
 
 Shared by every chapter: :mod:`distlab.models` (the tiny GPT and MLP, and the single-process

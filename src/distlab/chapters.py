@@ -117,6 +117,10 @@ CHAPTERS = (
             about="combining all of the above and choosing a layout.",
             uses=("`mesh` (`Grid`, the rank grid), `train`, `torch_train`, `planner` (choosing a "
                   "layout), `recommend`")),
+    Chapter("08-context-parallel", "Context parallelism", "distlab.context_parallel",
+            ("distlab.context_parallel.reference:sum_of_squares",), "book/08-context-parallel/index",
+            about="splitting a long sequence across ranks, and attention over its pieces: ring attention, its causal balance, Ulysses.",
+            uses="`reference` (`sum_of_squares`)"),
     # new-chapter adds its entry above this line
 )
 
