@@ -16,9 +16,20 @@ hand because test machines have no systemd:
 Everything lives in ``DIR``: ``slurm.conf``, spool and state directories, logs, pid files.
 Clients find the cluster through ``SLURM_CONF=DIR/slurm.conf``; nothing in ``/etc/slurm`` is
 touched. Ports are picked free at start, so this cluster cannot collide with a real one.
-The one system change: the node names must resolve for torch's rendezvous, so if they do not,
-a line ``127.0.0.1 distlab-n1 distlab-n2 ...`` is appended to ``/etc/hosts`` (and left there:
-a second test session may be relying on it).
+
+Its network comes in two kinds (:func:`cluster_network.choose_mode` picks; ready.json's
+``network`` says which):
+
+* **namespaces** (the default where this runs as root with iproute2): each node's slurmd runs
+  in network, host-name and mount namespaces of its own, a host on a private subnet behind a
+  bridge, with its own address and an ``/etc/hosts`` of the cluster's; the controller, munge
+  and whatever else the tests start stay on this machine, at the subnet's ``.1``
+  (scripts/cluster_network.py). Code that binds or dials 127.0.0.1 across nodes fails here as
+  it fails at a centre.
+* **loopback** (``DISTLAB_CLUSTER_NETWORK=loopback``, or where namespaces are not allowed):
+  every node at 127.0.0.1. The node names must then resolve on this machine, so if they do
+  not, a line ``127.0.0.1 distlab-n1 distlab-n2 ...`` is appended to ``/etc/hosts`` (and left
+  there: a second test session may be relying on it): the one system change, loopback only.
 
 This process is the cluster's supervisor. It marks itself a "child subreaper", so everything
 the daemons start and then orphan (``slurmstepd``, job processes) becomes *its* child. On
@@ -51,6 +62,7 @@ import sys
 import time
 from pathlib import Path
 
+import cluster_network
 import psutil
 from free_port import free_port
 
@@ -187,8 +199,10 @@ def confinement_lines(root: Path) -> list[str]:
     return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]
 
 
-def write_config(root: Path) -> Path:
-    """Write ``root/slurm.conf`` for a controller and two nodes on 127.0.0.1; return its path."""
+def write_config(root: Path, network: dict | None = None) -> Path:
+    """Write ``root/slurm.conf`` for a controller and two nodes, at the addresses ``network``
+    describes (:meth:`cluster_network.Network.describe`; None: all on 127.0.0.1); return its path."""
+    network = network or cluster_network.loopback_description()
     check_socket_paths(root)
     for sub in ("state", "log", "munge"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -199,7 +213,7 @@ def write_config(root: Path) -> Path:
     lines = [
         "# Written by scripts/slurm_cluster.py: a private two-node cluster on this machine.",
         "ClusterName=distlabtest",
-        f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
+        f"SlurmctldHost={socket.gethostname()}({network['controller_address']})",
         f"SlurmctldPort={ctl_port}",
         "SlurmUser=root",
         "SlurmdUser=root",
@@ -239,8 +253,10 @@ def write_config(root: Path) -> Path:
         hardware = _declared(hardware, declared)
         lines.append("SlurmdParameters=config_overrides")  # the nodes take the CPUs declared here
     for node in NODES:
-        lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                     f"Port={free_port()} {hardware} State=UNKNOWN")
+        # In namespaces a node is a host of its own, named as itself; on loopback all are localhost.
+        where = (f"NodeHostname={node} NodeAddr={network['addresses'][node]}" if network["mode"] == "namespaces"
+                 else "NodeHostname=localhost NodeAddr=127.0.0.1")
+        lines.append(f"NodeName={node} {where} Port={free_port()} {hardware} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
     if split_cores():
         lines += [f"PartitionName={node} Nodes={node} MaxTime=INFINITE State=UP" for node in NODES]
@@ -284,18 +300,37 @@ class Cluster:
         self.daemons: dict[str, subprocess.Popen] = {}
         self.env = dict(os.environ)
         self.conf: Path | None = None
+        self.network: cluster_network.Network | None = None
 
     def start(self) -> dict:
-        self.conf = write_config(self.root)
+        try:
+            mode, why = cluster_network.choose_mode()
+        except cluster_network.NetworkError as exc:
+            raise ClusterError(str(exc)) from None
+        description = cluster_network.loopback_description()
+        description["addresses"] = {node: "127.0.0.1" for node in NODES}
+        if mode == "namespaces":
+            aliases = {node: [a for a in HOST_ALIASES if a != node and a.startswith(node)] for node in NODES}
+            self.network = cluster_network.Network(self.root, NODES, aliases, socket.gethostname())
+            try:
+                self.network.start()
+            except (cluster_network.NetworkError, OSError, subprocess.SubprocessError) as exc:
+                raise ClusterError(f"the nodes' network could not be made ({exc}); "
+                                   f"{cluster_network.MODE_VARIABLE}=loopback runs every node on 127.0.0.1") from None
+            description = self.network.describe()
+        else:
+            ensure_node_names_resolve()
+        description["why"] = why
+        self.conf = write_config(self.root, description)
         self.env["SLURM_CONF"] = str(self.conf)
-        ensure_node_names_resolve()
         self._start_munge()
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
         for index, node in enumerate(NODES):
             cores = node_cores(index) if split_cores() else None
-            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)], cores)
+            inside = self.network.run_in(node) if self.network else []
+            self._spawn(f"slurmd-{node}", [*inside, "slurmd", "-D", "-N", node, "-f", str(self.conf)], cores)
         self._wait_for_idle_nodes()
-        return {"slurm_conf": str(self.conf), "nodes": NODES, "partition": PARTITION,
+        return {"slurm_conf": str(self.conf), "nodes": NODES, "partition": PARTITION, "network": description,
                 "pids": {name: p.pid for name, p in self.daemons.items()}}
 
     def _start_munge(self) -> None:
@@ -315,7 +350,12 @@ class Cluster:
 
     def _spawn(self, name: str, cmd: list[str], cores: set[int] | None = None) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "wb")
-        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+
+        def pin() -> None:  # a daemon dies with the supervisor, even a killed one
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if cores:
+                os.sched_setaffinity(0, cores)
+
         try:
             self.daemons[name] = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
                                                   stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
@@ -387,6 +427,8 @@ class Cluster:
                     proc.kill()
                     proc.wait(timeout=5)
         end_descendants()
+        if self.network is not None:   # its holders are gone with the descendants; to be sure
+            self.network.stop()
 
 
 # -- the supervisor process ---------------------------------------------------------------------

@@ -155,7 +155,7 @@ def test_a_class_graded_on_the_cluster_scores_cell_by_cell_as_on_one_machine(cla
     assert not [log for log in logs if "Warning" in log.read_text(errors="replace")]  # submitit's pkg_resources
     assert not list(jobs.rglob("*_submitted.pkl"))  # the pickled calls, with the database password, do not
     assert set(submissions_per_student(postgres, class_of_twelve["url"]).values()) <= {1}
-    assert _job_processes(cluster["supervisor"]) == []
+    assert _job_processes(cluster) == []
     assert _squeue() == []
 
 
@@ -177,7 +177,7 @@ def test_ctrl_c_cancels_every_job_of_the_run_and_graded_students_keep_their_grad
     text = log.read_text()
     assert "interrupted: cancelling" in text and re.search(r"cancelled; the \d+ students graded so far", text), text[-4000:]
     assert _squeue() == []
-    assert _job_processes(cluster["supervisor"]) == []
+    assert _job_processes(cluster) == []
     assert course.scores() == before  # a regrade cut short leaves the previous grades, whole
     assert set(submissions_per_student(postgres, class_of_twelve["url"]).values()) <= {1}
 

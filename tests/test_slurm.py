@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import cluster_network
 import psutil
 import pytest
 import slurm_cluster
@@ -276,6 +277,8 @@ def test_started_by_hand_the_cluster_removes_its_folder_when_stopped(tmp_path):
             time.sleep(0.2)
         daemons = psutil.Process(by_hand.pid).children(recursive=True)
         assert {d.name() for d in daemons} >= {"munged", "slurmctld", "slurmd"}
+        network = json.loads((root / "ready.json").read_text())["network"]
+        assert _link_exists(network["host_interface"])
         by_hand.send_signal(signal.SIGINT)
         assert by_hand.wait(timeout=60) == 0, (tmp_path / "out.log").read_text()
     finally:
@@ -283,6 +286,40 @@ def test_started_by_hand_the_cluster_removes_its_folder_when_stopped(tmp_path):
             os.killpg(by_hand.pid, signal.SIGKILL)
     assert not root.exists(), sorted(str(p) for p in root.rglob("*"))[:10]
     assert not [d for d in daemons if d.is_running() and d.status() != psutil.STATUS_ZOMBIE]
+    assert not _link_exists(network["host_interface"])  # the namespaces and the bridge went with it
+
+
+def _link_exists(interface: str | None) -> bool:
+    return interface is not None and Path("/sys/class/net", interface).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_killed_cluster_leaves_no_daemon_namespace_or_interface_behind(tmp_path):
+    """SIGKILL of the supervisor (no teardown runs): the kernel ends the daemons and the holders of
+    the namespaces (they die with their parent), and so the nodes' interfaces and addresses."""
+    root = Path(tempfile.mkdtemp(prefix="slurm-")) / "killed"
+    with open(tmp_path / "out.log", "wb") as out:
+        supervisor = subprocess.Popen([sys.executable, slurm_cluster.__file__, "--keep", str(root)], stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not (root / "ready.json").exists():
+            assert supervisor.poll() is None and time.monotonic() < deadline, (tmp_path / "out.log").read_text()
+            time.sleep(0.2)
+        network = json.loads((root / "ready.json").read_text())["network"]
+        _namespaced({"network": network})
+        below = psutil.Process(supervisor.pid).children(recursive=True)
+        assert _link_exists(network["host_interface"])
+    finally:
+        supervisor.kill()   # only the supervisor: what is below it must go by itself
+        supervisor.wait(timeout=10)
+    gone_by = time.monotonic() + 15
+    while time.monotonic() < gone_by and (_link_exists(network["host_interface"]) or
+                                          [p for p in below if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]):
+        time.sleep(0.2)
+    assert not [p.pid for p in below if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not _link_exists(network["host_interface"])
 
 
 def _client(args: list[str]) -> str:
@@ -328,16 +365,20 @@ def _processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-def _job_processes(supervisor_pid: int) -> list[psutil.Process]:
-    """Processes below the cluster's supervisor that are not its daemons (slurmstepd, ranks)."""
+def _job_processes(cluster: dict) -> list[psutil.Process]:
+    """Processes below the cluster's supervisor that are not its daemons nor the holders of its
+    nodes' namespaces (slurmstepd, ranks)."""
+    network = cluster.get("network", {})
+    holders = {network.get("switch_pid"), *network.get("node_pids", {}).values()}
     try:
-        below = psutil.Process(supervisor_pid).children(recursive=True)
+        below = psutil.Process(cluster["supervisor"]).children(recursive=True)
     except psutil.Error:
         return []
     left = []
     for proc in below:
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.name() not in ("munged", "slurmctld", "slurmscriptd", "slurmd"):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.pid not in holders and \
+                    proc.name() not in ("munged", "slurmctld", "slurmscriptd", "slurmd"):
                 left.append(proc)
         except psutil.Error:
             continue
@@ -349,10 +390,10 @@ def slurm_env(cluster, monkeypatch):
     """The cluster, and after the test: no job left in the queue, no process of any job left."""
     yield cluster
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (_jobs_active() or _job_processes(cluster["supervisor"])
+    while time.monotonic() < deadline and (_jobs_active() or _job_processes(cluster)
                                            or _processes_mentioning(str(cluster["root"] / "runs"))):
         time.sleep(0.2)
-    active, procs = _jobs_active(), _job_processes(cluster["supervisor"])
+    active, procs = _jobs_active(), _job_processes(cluster)
     procs += _processes_mentioning(str(cluster["root"] / "runs"))
     if active:
         _client(["scancel", "--user", str(os.getuid())])
@@ -449,6 +490,16 @@ def test_sbatch_from_outside_runs_two_nodes_times_two_ranks_and_shows_the_queue(
     for k in range(4):
         assert re.search(rf"^\[rank {k}\] rank {k} on distlab-n[12]$", out, flags=re.M)
     assert not list((slurm_env["root"] / "runs").glob("run-*")), "the run directory was not removed"
+
+
+def _namespaced(cluster: dict) -> dict:
+    """The cluster's network, which must be nodes in namespaces of their own on this machine (root)."""
+    network = cluster["network"]
+    refused = cluster_network.namespaces_allowed()
+    if refused:
+        pytest.fail(f"this test needs the namespaced cluster, and {refused}", pytrace=False)
+    assert network["mode"] == "namespaces", network
+    return network
 
 
 def run_job_script(folder: Path, ranks_per_node: int, target: list[str], seconds: float) -> str:
