@@ -31,7 +31,7 @@ import distlab
 from distlab import RankError
 from distlab.runtime import launchers
 from distlab.runtime.launchers.local import LocalJob
-from distlab.runtime.launchers.slurm import commands, script
+from distlab.runtime.launchers.slurm import commands, interconnect, script
 from distlab.runtime.launchers.slurm import config as slurm_config
 from distlab.runtime.launchers.slurm.commands import SlurmJobError
 from distlab.runtime.launchers.slurm.sbatch import QueuedJob, SbatchJob
@@ -100,6 +100,22 @@ def test_each_node_runs_torchrun_and_only_the_first_hosts_the_rendezvous():
         out = subprocess.run(["bash", "-c", line], env={"SLURM_NODEID": node_id, "PATH": os.environ["PATH"]},
                              capture_output=True, text=True, timeout=10)
         assert f"--rdzv-conf=is_host={is_host} --module distlab.runtime.worker /runs/a b" in out.stdout
+
+
+def test_the_interface_for_gloo_is_the_one_the_kernel_routes_to_the_rendezvous_host_by():
+    assert interconnect.route_to("127.0.0.1") == ("lo", "127.0.0.1")
+    assert interconnect.route_to("localhost")[0] == "lo"
+    with pytest.raises(interconnect.NoRoute, match="does not resolve"):
+        interconnect.route_to("no-such-node.invalid")
+    # Every node of a job exports what the route says, unless the user chose an interface.
+    line = script.torchrun_on_each_node(sys.executable, "1", 1, "127.0.0.1:1", "x", ["t"])
+    shown = line.replace(f"exec {sys.executable} -m torch.distributed.run", "echo $GLOO_SOCKET_IFNAME $NCCL_SOCKET_IFNAME", 1)
+    for chosen, expected in ((None, "lo lo"), ("ib7", "ib7 lo")):
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO / "src"), "SLURM_NODEID": "0",
+               **({"GLOO_SOCKET_IFNAME": chosen} if chosen else {})}
+        out = subprocess.run(["bash", "-c", shown], env=env, capture_output=True, text=True, timeout=30)
+        assert out.stdout.startswith(expected + " "), out.stdout + out.stderr
+        assert "--local-addr=127.0.0.1 " in out.stdout   # torchrun tells the others this node's address
 
 
 def test_srun_runs_one_task_per_node_on_exactly_those_nodes():
@@ -500,6 +516,81 @@ def _namespaced(cluster: dict) -> dict:
         pytest.fail(f"this test needs the namespaced cluster, and {refused}", pytrace=False)
     assert network["mode"] == "namespaces", network
     return network
+
+
+# Run through srun in an allocation of both nodes, one rank on each.
+ACROSS_NODES = """
+import json, os, socket
+import torch, torch.distributed as dist
+import distlab
+from distlab.runtime.launchers.slurm import interconnect
+
+def addresses(elements):
+    data = torch.ones(elements)
+    dist.all_reduce(data)
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    return {"node": os.environ["SLURMD_NODENAME"], "host": socket.gethostname(), "gloo": interface,
+            "nccl": os.environ.get("NCCL_SOCKET_IFNAME"), "address": interconnect.interface_address(interface),
+            "master": os.environ["MASTER_ADDR"], "sum": data.sum().item()}
+
+def dial_loopback():
+    \"\"\"Rank 0 listens on its node's 127.0.0.1, rank 1 dials 127.0.0.1 at that port: the bug.\"\"\"
+    port = torch.zeros(1, dtype=torch.int64)
+    server = None
+    if dist.get_rank() == 0:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port[0] = server.getsockname()[1]
+    dist.broadcast(port, 0)
+    outcome = "listened on 127.0.0.1"
+    if dist.get_rank() == 1:
+        try:
+            socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
+            outcome = "connected"
+        except OSError as exc:
+            outcome = type(exc).__name__
+    dist.barrier()
+    return outcome
+"""
+
+
+@pytest.mark.slow
+def test_ranks_on_two_nodes_meet_at_node_addresses_and_talk_over_the_bridge(slurm_env, tmp_path):
+    network = _namespaced(slurm_env)
+    port = network["switch_ports"]["distlab-n2"]
+    before = cluster_network.port_bytes(network["switch_pid"], port)
+    elements = 1_000_000  # 4 MB of float32 per rank
+    out = _salloc_python(tmp_path, ACROSS_NODES + f"""
+        print("RESULT " + json.dumps(distlab.run(addresses, {elements}, nprocs=2, timeout=90)))
+        """.replace("\n        ", "\n"), nodes=2)
+    assert out.returncode == 0, out.stdout + out.stderr
+    results = json.loads(out.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    crossed = cluster_network.port_bytes(network["switch_pid"], port) - before
+    assert [r["node"] for r in results] == ["distlab-n1", "distlab-n2"]
+    assert [r["host"] for r in results] == ["distlab-n1", "distlab-n2"]  # each node is a host of its own
+    # Each rank used the interface that reaches the first node, and its address there is its node's.
+    assert [r["address"] for r in results] == [network["addresses"]["distlab-n1"], network["addresses"]["distlab-n2"]]
+    assert {r["gloo"] for r in results} == {r["nccl"] for r in results} == {network["node_interface"]}
+    assert {r["master"] for r in results} <= set(network["addresses"].values())  # an address, never a loopback
+    # The single-process sum of ones is the element count; two ranks' all_reduce doubles it, exactly
+    # (integers below 2**24 are exact in float32, whatever order gloo adds in).
+    assert [r["sum"] for r in results] == [2.0 * elements] * 2
+    # Node 2's half of the all_reduce (at least 2 MB: a ring over two ranks sends half the
+    # tensor each way) went through the bridge's port of node 2.
+    assert crossed >= 2 * elements, f"only {crossed} bytes crossed node 2's port of the bridge"
+
+
+@pytest.mark.slow
+def test_a_rank_that_dials_127_0_0_1_for_another_node_fails_on_the_namespaced_cluster(slurm_env, tmp_path):
+    """The class of bug the namespaced cluster exists to catch: on the loopback cluster this connects."""
+    _namespaced(slurm_env)
+    out = _salloc_python(tmp_path, ACROSS_NODES + """
+        print("RESULT " + json.dumps(distlab.run(dial_loopback, nprocs=2, timeout=90)))
+        """.replace("\n        ", "\n"), nodes=2)
+    assert out.returncode == 0, out.stdout + out.stderr
+    results = json.loads(out.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert results == ["listened on 127.0.0.1", "ConnectionRefusedError"], results
 
 
 def run_job_script(folder: Path, ranks_per_node: int, target: list[str], seconds: float) -> str:

@@ -13,6 +13,8 @@ import shlex
 from distlab.runtime.launchers.slurm.commands import PORT_RANGE
 from distlab.runtime.launchers.slurm.config import SlurmConfig
 
+INTERCONNECT = "distlab.runtime.launchers.slurm.interconnect"
+
 OFFLINE_VARIABLES = {
     "HF_HUB_OFFLINE": "1",          # huggingface_hub: never try to download
     "HF_DATASETS_OFFLINE": "1",     # datasets: use the local cache only
@@ -27,14 +29,24 @@ def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoin
     """The shell line that ``srun`` runs once on every node: torchrun, joining the rendezvous.
 
     ``nnodes``, ``endpoint`` and ``rdzv_id`` may be shell variables (``"$SLURM_NNODES"``):
-    they are expanded on the node. ``is_host`` is 1 on the step's first node only.
+    they are expanded on the node. ``is_host`` is 1 on the step's first node only. Before
+    torchrun starts, the node asks the kernel which of its interfaces reaches the rendezvous
+    host (:mod:`.interconnect`): gloo and NCCL use that one, and torchrun tells the other nodes
+    this node's address on it.
     """
+    host = endpoint.rsplit(":", 1)[0]
+    host = f'"{host}"' if "$" in host else shlex.quote(host)
     args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", *extra]
+    route = [f"route=\"$({shlex.quote(python)} -m {INTERCONNECT} {host})\" || exit 1",
+             'read -r interface address <<< "$route"',
+             '# gloo and NCCL talk over the interface that reaches the rendezvous (unless you chose one).',
+             'export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$interface}" '
+             'NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$interface}"']
     parts = [f"exec {shlex.quote(python)} -m torch.distributed.run"]
     parts += [a if "$" in a else shlex.quote(a) for a in args]
-    parts += ["--rdzv-conf=is_host=$(( SLURM_NODEID == 0 ))", shlex.join(target)]
-    return "\n" + " \\\n    ".join(parts)  # one option per line: readable in a job script
+    parts += ['--local-addr="$address"', "--rdzv-conf=is_host=$(( SLURM_NODEID == 0 ))", shlex.join(target)]
+    return "\n" + "\n".join(route) + "\n" + " \\\n    ".join(parts)  # one option per line: readable in a job script
 
 
 def srun_command(nodes: list[str], step_name: str, shell_line: str, cpus: int | None = None) -> list[str]:
