@@ -73,9 +73,12 @@ def cluster_benchmark(students: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="distlab-bench-cluster-", dir="/tmp"))
     split = dict(os.environ, **{slurm_cluster.SPLIT_CORES_VARIABLE: "1"})
     try:
-        # the server runs as nobody: its folder must not be inside our private one
-        with postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="distlab-pg-", dir="/tmp"))) as pg, \
-                slurm_cluster.running_cluster(root / "c", env=split) as cluster:
+        # the server runs as nobody: its folder must not be inside our private one; it listens
+        # where the nodes reach this machine (the cluster's network, scripts/cluster_network.py)
+        with slurm_cluster.running_cluster(root / "c", env=split) as cluster, \
+                postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="distlab-pg-", dir="/tmp")),
+                                                 address=cluster["network"]["controller_address"],
+                                                 clients=cluster["network"].get("subnet")) as pg:
             os.environ["SLURM_CONF"] = cluster["slurm_conf"]
             env = {"DISTLAB_GRADE_DB_URL": pg.url}
             work = root / "work"

@@ -9,8 +9,12 @@ sqlite's single file is for one machine. This script starts a throw-away server 
   whose random password is in the URL we hand out;
 * ``postgres`` listens on 127.0.0.1 at a free port (and on a socket in a private folder),
   with durability switched off (``fsync=off``): a test server, never a course's real one;
+  given an ``address`` (the controller's address on the private cluster's bridge,
+  scripts/slurm_cluster.py), it listens there too and lets in password logins from the
+  ``clients`` network (the nodes), as a centre's gradebook server listens on the cluster's
+  network: a job on another node reaches its own loopback at 127.0.0.1, never this server;
 * one database, ``gradebook``, is created; the URL is
-  ``postgresql+psycopg://distlab:<password>@127.0.0.1:<port>/gradebook``;
+  ``postgresql+psycopg://distlab:<password>@<address>:<port>/gradebook``;
 * stopping sends the postmaster SIGINT (PostgreSQL's "fast" shutdown: it ends its own
   children) and waits; whatever is left of its process group is killed. Nothing survives.
 
@@ -59,11 +63,15 @@ class Server:
     port: int
     password: str
     process: subprocess.Popen | None = None
+    address: str = "127.0.0.1"
+    """Where the URL points: 127.0.0.1, or the address the cluster's nodes reach this machine at."""
+    clients: str | None = None
+    """The network (CIDR) allowed to log in besides this machine, e.g. the cluster's nodes."""
 
     @property
     def url(self) -> str:
         """SQLAlchemy URL (psycopg 3 driver) of the gradebook database."""
-        return f"postgresql+psycopg://{ROLE}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql+psycopg://{ROLE}:{self.password}@{self.address}:{self.port}/{DATABASE}"
 
     def connect(self, database: str = DATABASE, timeout: float = 5):
         import psycopg
@@ -87,8 +95,10 @@ def _as_user(account: str) -> dict:
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}}
 
 
-def start(root: Path, account: str = "nobody", timeout: float = 60) -> Server:
-    """initdb + postgres in ``root`` (created, owned by ``account``); returns once it answers."""
+def start(root: Path, account: str = "nobody", timeout: float = 60, address: str = "127.0.0.1",
+          clients: str | None = None) -> Server:
+    """initdb + postgres in ``root`` (created, owned by ``account``); returns once it answers.
+    ``address`` and ``clients``: see the module's docstring."""
     binaries = find_binaries()
     root.mkdir(parents=True, exist_ok=True)
     sockets = root / "socket"
@@ -97,7 +107,7 @@ def start(root: Path, account: str = "nobody", timeout: float = 60) -> Server:
     for folder in (root, sockets):
         os.chown(folder, entry.pw_uid, entry.pw_gid)
     os.chmod(sockets, 0o700)  # only the server's account (and root) reach the socket
-    server = Server(root, free_port(), secrets.token_urlsafe(18))
+    server = Server(root, free_port(), secrets.token_urlsafe(18), address=address, clients=clients)
     password_file = root / "password"
     password_file.write_text(server.password + "\n")
     os.chown(password_file, entry.pw_uid, entry.pw_gid)
@@ -109,6 +119,9 @@ def start(root: Path, account: str = "nobody", timeout: float = 60) -> Server:
     password_file.unlink()
     if init.returncode != 0:
         raise PostgresError(f"initdb failed:\n{init.stdout[-2000:]}{init.stderr[-2000:]}")
+    if clients:   # initdb lets in this machine only; the nodes log in with the password too
+        with open(root / "data" / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {clients} scram-sha-256\n")
     server.log.touch()
     os.chown(server.log, entry.pw_uid, entry.pw_gid)
     _launch(server, account)
@@ -167,7 +180,8 @@ def _launch(server: Server, account: str) -> None:
     with open(server.log, "ab") as log:
         server.process = subprocess.Popen(
             [str(find_binaries() / "postgres"), "-D", str(server.root / "data"),
-             "-c", "listen_addresses=127.0.0.1", "-c", f"port={server.port}",
+             "-c", f"listen_addresses={','.join(dict.fromkeys(['127.0.0.1', server.address]))}",
+             "-c", f"port={server.port}",
              "-c", f"unix_socket_directories={server.root / 'socket'}",
              "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -175,9 +189,9 @@ def _launch(server: Server, account: str) -> None:
 
 
 @contextlib.contextmanager
-def running_postgres(root: Path, account: str = "nobody"):
+def running_postgres(root: Path, account: str = "nobody", address: str = "127.0.0.1", clients: str | None = None):
     """A server for the block; its folder is removed afterwards."""
-    server = start(root, account)
+    server = start(root, account, address=address, clients=clients)
     try:
         yield server
     finally:

@@ -21,6 +21,8 @@ from grading_support import REPO, SLUG, Course, fresh_dir, solution_answers, wit
 from test_grading import PARTIAL_ANSWERS, POINTS
 from test_slurm import _client, _job_processes
 
+from distlab.grade import cluster as grade_cluster
+
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
@@ -55,8 +57,14 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def postgres():
-    with postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="distlab-pg-", dir="/tmp"))) as server:
+def postgres(cluster):
+    """The gradebook server, where the nodes reach this machine: on the namespaced cluster the
+    controller's address on the bridge (a job's 127.0.0.1 is its own node)."""
+    network = cluster["network"]
+    address = network["controller_address"]
+    clients = network.get("subnet")
+    with postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="distlab-pg-", dir="/tmp")),
+                                          address=address, clients=clients) as server:
         yield server
 
 
@@ -133,6 +141,9 @@ def test_a_class_graded_on_the_cluster_scores_cell_by_cell_as_on_one_machine(cla
     expected = class_of_twelve["expected"]
     assert {s: scores.get(s, dict.fromkeys(POINTS, 0.0)) for s in expected} == expected, output[-8000:]
     assert "11 graded, 1 not graded" in output
+    # Both nodes graded, and wrote to the gradebook server at the address they reach it by.
+    assert {"distlab-n1", "distlab-n2"} <= set(re.findall(r"s on (distlab-n[12])\)", output)), output[-3000:]
+    assert "loopback address" not in output
     assert re.search(rf"{MALFORMED} NOT GRADED \(scores 0 on the cells not graded\), twice: .*not appear to be JSON",
                      output), output[-3000:]
     assert f"{MALFORMED}: not graded (" in output
@@ -218,6 +229,19 @@ def test_an_sqlite_gradebook_is_refused_at_once_with_how_to_set_the_server(tmp_p
     assert done.returncode == 2
     assert "the gradebook is an sqlite file" in done.stdout and "DISTLAB_GRADE_DB_URL" in done.stdout
     assert "Grading on the cluster" in done.stdout
+
+
+def test_a_gradebook_named_by_a_loopback_address_is_a_warning_that_says_why(monkeypatch):
+    """Each node has a 127.0.0.1 of its own: the jobs would dial themselves, not the server."""
+    said = []
+    for url, warned in (("postgresql+psycopg://u:secret@127.0.0.1:5432/g", True),
+                        ("postgresql+psycopg://u:secret@localhost:5432/g", True),
+                        ("postgresql+psycopg://u:secret@198.18.7.1:5432/g", False)):
+        said.clear()
+        monkeypatch.setattr(grade_cluster.config, "db_url", lambda url=url: url)
+        assert grade_cluster.gradebook_is_shared(SLUG, said.append)
+        assert any("is a loopback address" in line and "cluster's network" in line for line in said) == warned, said
+        assert not any("secret" in line for line in said)
 
 
 @pytest.mark.slow

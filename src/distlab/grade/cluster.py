@@ -311,9 +311,15 @@ def options(args) -> dict:
 
 
 def gradebook_is_shared(slug: str, say) -> bool:
-    """Is the gradebook a database server? An sqlite file is refused at once, saying why and what to do."""
+    """Is the gradebook a database server? An sqlite file is refused at once, saying why and what to
+    do; a server named by a loopback address gets a warning (:func:`~distlab.grade.config.loopback_host`)."""
     url = config.db_url()
     if not url.startswith("sqlite:"):
+        host = config.loopback_host(url)
+        if host:
+            say(f"autograde {slug} --slurm: warning: the gradebook's host {host} is a loopback address: "
+                "a job on another node reaches its own machine there, not this one, and cannot write "
+                "its scores; name the database server by its address on the cluster's network")
         return True
     say(f"autograde {slug} --slurm: the gradebook is an sqlite file ({url[len('sqlite:///'):]}), which the "
         "jobs on many nodes cannot share; give it a database server: set DISTLAB_GRADE_DB_URL, e.g. "

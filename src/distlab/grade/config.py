@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
+from urllib.parse import urlsplit
 
 CELL_TIMEOUT_S = 60
 """Per-cell timeout in the student's kernel: a cell still running after it is interrupted
@@ -79,6 +82,20 @@ def nbgrader_environment(env: dict) -> dict:
 def shown_url(url: str) -> str:
     """A database URL fit for a log: the password replaced by ``***``."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def loopback_host(url: str) -> str | None:
+    """The host of a database URL if it is this machine's loopback (``127.0.0.1``, ``localhost``,
+    ``::1``), else None. Every node has a loopback of its own: from the grading jobs, that address
+    is their own node."""
+    host = urlsplit(url).hostname
+    if not host:
+        return None
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None
+    return host if addresses and all(ipaddress.ip_address(a).is_loopback for a in addresses) else None
 
 
 def exchange_root() -> str:
