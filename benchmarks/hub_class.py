@@ -781,9 +781,12 @@ def main(argv: list[str] | None = None) -> dict:
     log: list[str] = []
     users: list[str] = []
     try:
-        with postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="dlk-pg-", dir="/tmp"))) as db, \
-                demo.course_hub(run_dir, options.course, students=options.students,
-                                queue_timeout=options.queue_timeout) as hub:
+        # The gradebook server listens where the grading jobs on the nodes reach this machine.
+        with demo.course_hub(run_dir, options.course, students=options.students,
+                             queue_timeout=options.queue_timeout) as hub, \
+                postgres_server.running_postgres(Path(tempfile.mkdtemp(prefix="dlk-pg-", dir="/tmp")),
+                                                 address=hub["cluster"]["network"]["controller_address"],
+                                                 clients=hub["cluster"]["network"].get("subnet")) as db:
             users = list(hub["passwords"])
             hub_up = Meter.used()
             with Meter(hub["hub_pid"]) as meter:

@@ -196,7 +196,22 @@ class CourseSlurmSpawner(SlurmSpawner):
         return env
 
     def state_gethost(self) -> str:
+        """The node the server's job runs on, by name (what the progress bar shows)."""
         return self.job_status.split()[-1]
+
+    async def node_address(self, node: str) -> str:
+        """Where the hub reaches ``node``: Slurm's ``NodeAddr`` for it, the address slurmctld
+        itself uses. A node's name need not resolve on the hub's host to that address (or at
+        all); the name itself if Slurm does not say."""
+        try:
+            proc = await asyncio.create_subprocess_exec("sinfo", "-h", "-N", "-n", node, "-o", "%o",
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.DEVNULL)
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
+        except (OSError, asyncio.TimeoutError):
+            return node
+        addresses = out.decode().split()
+        return addresses[0] if proc.returncode == 0 and addresses else node
 
     def pending_reason(self) -> str:
         parts = self.job_status.split()
@@ -221,7 +236,9 @@ class CourseSlurmSpawner(SlurmSpawner):
                     f"Your server could not start: its Slurm job {job} waited {self.queue_timeout} s in "
                     f"the queue (Slurm's reason: {reason}) and has been cancelled. "
                     + refusal_advice(reason, cores(self.user_options), self.profiles, idle), "queue")
-        return task.result()
+        node, port = task.result()
+        self.ip = await self.node_address(node)
+        return self.ip, port
 
     async def idle_cores_per_node(self) -> list[int] | None:
         """Free cores on each node of the partition, as Slurm counts them now; None if sinfo

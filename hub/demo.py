@@ -137,17 +137,18 @@ def student_edition(served: Path) -> None:
 
 
 @contextlib.contextmanager
-def git_mirror(run_dir: Path, port: int):
-    """Serve the student edition read-only at git://127.0.0.1:port/distlab."""
+def git_mirror(run_dir: Path, port: int, address: str = "127.0.0.1"):
+    """Serve the student edition read-only at git://address:port/distlab (and on 127.0.0.1); address:
+    where the cluster's nodes reach this machine."""
     served = run_dir / "git"
     student_edition(served / "distlab")
     daemon = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={served}", "--listen=127.0.0.1",
-                               f"--port={port}", "--reuseaddr", "--informative-errors", str(served / "distlab")],
+                               *([f"--listen={address}"] if address != "127.0.0.1" else []), f"--port={port}", "--reuseaddr", "--informative-errors", str(served / "distlab")],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
         _wait_for(lambda: _answers(port), 15, "git daemon did not listen", daemon)
-        yield f"git://127.0.0.1:{port}/distlab"
+        yield f"git://{address}:{port}/distlab"
     finally:
         _end(daemon)
 
@@ -306,8 +307,10 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
     cluster_env, declared = dict(os.environ), cpus_per_node_for(students)
     if declared:
         cluster_env[slurm_cluster.DECLARED_CPUS_VARIABLE] = str(declared)
-    with slurm_cluster.running_cluster(run_dir / "c", env=cluster_env) as cluster, git_mirror(run_dir, free_port()) as mirror:
+    with slurm_cluster.running_cluster(run_dir / "c", env=cluster_env) as cluster, \
+            git_mirror(run_dir, free_port(), cluster["network"]["controller_address"]) as mirror:
         port, proxy_api_port, hub_api_port = free_port(), free_port(), free_port()
+        hub_api_ip = cluster["network"]["controller_address"]   # where the nodes reach this machine
         env = dict(os.environ, SLURM_CONF=cluster["slurm_conf"], DISTLAB_HUB_STATE=str(state),
                    DISTLAB_HUB_COURSE=course, DISTLAB_HUB_PORT=str(port), DISTLAB_HUB_API_PORT=str(hub_api_port),
                    DISTLAB_HUB_PROXY_API_PORT=str(proxy_api_port), DISTLAB_HUB_COURSE_ENV=str(course_env),
@@ -315,7 +318,8 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
                    DISTLAB_HUB_IDLE_TIMEOUT=str(idle_timeout), DISTLAB_HUB_ACTIVITY_INTERVAL=str(activity_interval),
                    DISTLAB_HUB_PARTITION=cluster["partition"],
                    DISTLAB_HUB_GIT_MIRROR=f"{mirror} {PUBLIC_REPO}", DISTLAB_HUB_EXCHANGE=str(exchange),
-                   DISTLAB_HUB_SQUEUE_FORMAT=squeue_format(max(map(len, passwords))))
+                   DISTLAB_HUB_SQUEUE_FORMAT=squeue_format(max(map(len, passwords))), DISTLAB_HUB_API_IP=hub_api_ip,
+                   DISTLAB_HUB_SERVER_IP="0.0.0.0" if cluster["network"]["mode"] == "namespaces" else "127.0.0.1")
         # The hub's log is root's alone: at DEBUG it holds every server's API token, and at any
         # level the students' names and what they did.
         log = run_dir / "hub.log"
@@ -338,7 +342,7 @@ def course_hub(run_dir: Path, course: str = COURSE, students: int = 3, queue_tim
         finally:
             _end(hub, grace=30)   # JupyterHub gives its services up to 20 s to stop
             end_proxy(state / "proxy.pid", proxy_api_port)
-            end_culler(f"http://127.0.0.1:{hub_api_port}/hub/api")
+            end_culler(f"http://{hub_api_ip}:{hub_api_port}/hub/api")
             if instructor is not None:
                 instructor_account.tear_down(instructor)
 

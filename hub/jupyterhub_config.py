@@ -24,9 +24,11 @@ c = get_config()  # noqa: F821  (defined by JupyterHub when it loads this file)
 # service host's name behind your HTTPS front end.
 c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ.get('DISTLAB_HUB_PORT', '8000')}"
 # The hub's own API, which the servers call back: they run on the compute nodes, so it must be
-# reachable from there. Here the "nodes" are this machine. CENTRE: the service host's
-# cluster-internal address.
-c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{os.environ.get('DISTLAB_HUB_API_PORT', '8081')}"
+# reachable from there. The demo's nodes reach this machine at the controller's address on the
+# private cluster's bridge (127.0.0.1 only where its nodes share this machine's loopback).
+# CENTRE: the service host's cluster-internal address.
+hub_api_ip = os.environ.get("DISTLAB_HUB_API_IP", "127.0.0.1")
+c.JupyterHub.hub_bind_url = f"http://{hub_api_ip}:{os.environ.get('DISTLAB_HUB_API_PORT', '8081')}"
 state = Path(os.environ.get("DISTLAB_HUB_STATE", HERE / "state"))
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
@@ -96,8 +98,10 @@ c.CourseSlurmSpawner.exec_prefix = "/usr/sbin/runuser -u {username} --"
 c.CourseSlurmSpawner.batch_script = (HERE / "slurm-job.sh").read_text()
 c.CourseSlurmSpawner.req_partition = os.environ.get("DISTLAB_HUB_PARTITION", "debug")  # CENTRE
 c.CourseSlurmSpawner.req_options = os.environ.get("DISTLAB_HUB_SBATCH_OPTIONS", "")  # CENTRE: --account=...
-# Where a server listens on its node: here every "node" is this machine, so loopback only.
-# CENTRE: the nodes' cluster-internal address (or 0.0.0.0 on a private network).
+# Where a server listens on its node: the hub's proxy reaches it at its node's address (Slurm's
+# NodeAddr, see course_spawner), so not 127.0.0.1, which is the node's own loopback. The demo's
+# nodes are namespaces whose only network is the private bridge: 0.0.0.0 there (127.0.0.1 on the
+# loopback-only cluster). CENTRE: the nodes' cluster-internal address (or 0.0.0.0 on a private network).
 c.CourseSlurmSpawner.listen_ip = os.environ.get("DISTLAB_HUB_SERVER_IP", "127.0.0.1")
 c.CourseSlurmSpawner.profiles = PROFILES  # CENTRE: add "--gres=gpu:4" to a profile's options
 # How long a job may wait in the queue before the student is told and the job cancelled.

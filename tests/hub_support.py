@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -148,3 +149,27 @@ def answer_known_dialogs(page) -> None:
         raise AssertionError(f"JupyterLab shows a dialog {title!r} over the notebook: {text!r}")
     dialog.locator(KNOWN_DIALOGS[title]).first.click()
     expect(dialog).to_have_count(0, timeout=10_000)
+
+
+def listening_addresses(pid: int) -> set[str]:
+    """The IPv4 addresses process ``pid`` listens on, read from its own network namespace's
+    ``/proc/PID/net/tcp`` (psutil reads this process's namespace, where a node's sockets do not show)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+        table = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    inodes = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue   # closed meanwhile
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found = set()
+    for line in table:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:   # 0A: LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(fields[1].split(":")[0])[::-1]))
+    return found

@@ -376,11 +376,14 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
             if p.stat().st_uid == home.stat().st_uid]
     assert not left, left
 
-    # The server listens on loopback only (the demo's nodes are this machine).
-    listening = {c.laddr.ip for p in psutil.process_iter(["cmdline", "username"])
+    # The server listens where the demo tells it: on its node's network, which on the namespaced
+    # cluster is the node's own namespace with the private bridge as its only network (0.0.0.0
+    # there); on the loopback-only cluster, the loopback.
+    listening = {address for p in psutil.process_iter(["cmdline", "username"])
                  if p.info["username"] == student and "jupyterhub-singleuser" in " ".join(p.info["cmdline"] or [])
-                 for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-    assert listening == {"127.0.0.1"}, listening
+                 for address in hub_support.listening_addresses(p.pid)}
+    namespaced = hub["cluster"]["network"]["mode"] == "namespaces"
+    assert listening == ({"0.0.0.0"} if namespaced else {"127.0.0.1"}), listening
 
     # From inside this server, another student's home cannot be read.
     page.keyboard.press("Escape")
@@ -442,6 +445,36 @@ def test_a_student_opens_chapter_0_from_the_book_and_runs_ranks_on_two_nodes(hub
 def scontrol(hub, *args: str) -> None:
     subprocess.run(["scontrol", *args], check=True, capture_output=True, timeout=20,
                    env=dict(os.environ, SLURM_CONF=hub["slurm_conf"]))
+
+
+def test_a_server_on_the_second_node_is_reached_through_the_proxy_at_that_nodes_address(hub, chromium):
+    """The proxy reaches each server at its node's address (Slurm's NodeAddr), never at a
+    loopback: on the namespaced cluster (scripts/cluster_network.py) node 2's 127.0.0.1 is node 2's
+    own, and its name need not resolve on the hub's machine."""
+    env = dict(os.environ, SLURM_CONF=hub["slurm_conf"])
+    address = hub["cluster"]["network"]["addresses"]["distlab-n2"]
+    cpus = subprocess.run(["sinfo", "-h", "-N", "-n", "distlab-n1", "-o", "%c"], capture_output=True, text=True,
+                          timeout=20, env=env, check=True).stdout.split()[0]
+    subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--nodelist=distlab-n1", "--nodes=1",
+                    f"--ntasks={cpus}", "--wrap=sleep 600"], check=True, capture_output=True, timeout=30, env=env,
+                   cwd="/tmp")  # node 1 is full: the student's server can start on node 2 only
+    student = f"{COURSE}-student3"
+    page = log_in(chromium, hub, student, hub["passwords"][student], "05")
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    page.wait_for_url(re.compile(rf"/user/{student}/lab"), timeout=120_000)
+    expect(page.locator(".jp-LabShell")).to_be_visible(timeout=60_000)  # JupyterLab, through the proxy
+    page.screenshot(path=str(ARTIFACTS / "05-server-on-node-2.png"))
+    assert [row[1] for row in squeue(hub, "--format=%u %N") if row[0] == student] == ["distlab-n2"]
+    status = page.request.get(f"{hub['url']}/user/{student}/api/status")  # the server's own API, proxied
+    assert status.ok and "started" in status.json(), status.text()
+    route = re.search(rf"Adding user {student} to proxy /user/{student}/ => (\S+)", Path(hub["log"]).read_text())
+    assert route and route.group(1).startswith(f"http://{address}:"), route and route.group(0)
+    page.goto(hub["url"] + "/hub/home")
+    page.click("#stop")
+    deadline = time.monotonic() + 60
+    while [row for row in squeue(hub, "--format=%u") if row[0] == student] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    page.context.close()
 
 
 def test_a_job_that_cannot_start_is_cancelled_and_the_student_told_why(hub, chromium):
