@@ -258,6 +258,49 @@ def _refusals():
     return messages
 
 
+def _traced_case(seq):
+    """Ring attention under timeline.traced(): its events, its output, and whether the ring's functions came back."""
+    import torch.distributed as dist
+
+    from distlab.context_parallel import blockwise, layout, ring, timeline
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    the_layout = layout.contiguous(seq, n)
+    q, k, v, grad_out = (layout.shard(t, the_layout, me) for t in full_inputs(seq, "float64"))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    before = (ring._post_exchange, ring._wait, blockwise.block_attention, blockwise.block_backward)
+    with timeline.traced() as tracer:
+        out = ring.ring_attention(q, k, v, layout=the_layout)
+        out.backward(grad_out)
+    restored = before == (ring._post_exchange, ring._wait, blockwise.block_attention, blockwise.block_backward)
+    return {"events": tracer.events, "out": out.detach(), "grads": (q.grad, k.grad, v.grad), "restored": restored}
+
+
+MODEL_CONFIG = dict(context=13, layers=2, dim=16, heads=4)   # 13 tokens: uneven chunks on 2 and 4 ranks
+MODEL_CASES = [("ring", False), ("ring", True), ("ulysses", False)]
+
+
+def _model_case(attend_name, checkpoint_blocks):
+    """TinyGPT in float64 under context parallelism (balanced layout): the summed loss and gradients."""
+    import torch.distributed as dist
+
+    from distlab import models
+    from distlab.context_parallel import balance, ring, ulysses
+    from distlab.context_parallel import model as cp_model
+
+    n = dist.get_world_size()
+    gpt = models.build("gpt", seed=0, **MODEL_CONFIG).double()
+    batch = models.example_batch("gpt", batch_size=2, seed=1, **MODEL_CONFIG)
+    attend = {"ring": ring.ring_attention, "ulysses": ulysses.ulysses_attention}[attend_name]
+    share = cp_model.loss(gpt, batch, balance.balanced(MODEL_CONFIG["context"], n), attend=attend,
+                          checkpoint_blocks=checkpoint_blocks)
+    share.backward()
+    cp_model.all_reduce_gradients(gpt)
+    total = share.detach().clone()
+    dist.all_reduce(total)
+    return {"loss": total, "grads": models.gradients(gpt)}
+
+
 ULYSSES_CASES = [("contiguous", seq, causal, dtype) for seq in LENGTHS for causal in (False, True) for dtype in DTYPES]
 ULYSSES_CASES.append(("balanced", 13, True, "float64"))     # any layout: the mask comes from positions
 
@@ -269,6 +312,8 @@ def everything():
     cases.update({("torch", causal, f32): _torch_ring(16, causal, f32) for causal in (False, True)
                   for f32 in (False, True)})
     cases["torch public causal"] = _torch_public_api_causal(16)
+    cases.update({("model", *case): _model_case(*case) for case in MODEL_CASES})
+    cases["traced"] = _traced_case(16)
     return {**cases, "refusals": _refusals()}
 
 
@@ -461,6 +506,51 @@ def test_torchs_public_context_parallel_refuses_causal_attention_on_the_cpu(resu
     for r in results[n]:
         message = r["torch public causal"]
         assert message is not None and "_scaled_dot_product_flash_attention_for_cpu" in message, message
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_a_whole_model_on_its_tokens_with_summed_gradients_is_the_single_process_model(results, n, case):
+    """distlab.context_parallel.model: every rank runs TinyGPT on its tokens only; the loss shares and
+    the all-reduced gradients are one process's, in float64 (F64: the same sums regrouped)."""
+    from distlab import models
+
+    gpt = models.build("gpt", seed=0, **MODEL_CONFIG).double()
+    batch = models.example_batch("gpt", batch_size=2, seed=1, **MODEL_CONFIG)
+    want_loss = models.loss_fn(gpt, batch).detach()
+    want = models.reference_gradients(gpt, batch)
+    for rank, r in enumerate(results[n]):
+        checks.assert_tensor_close(r[("model", *case)]["loss"], want_loss, f"loss summed over {n} ranks", **F64)
+        for name, grad in r[("model", *case)]["grads"].items():
+            checks.assert_tensor_close(grad, want[name], f"rank {rank}: gradient of {name}", **F64)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_the_traced_ring_records_every_block_and_transfer_and_changes_nothing(results, n):
+    """distlab.context_parallel.timeline: per rank N block computations and merges forward, N block
+    backwards, N-1 key/value transfers forward, N-1 more and N gradient accumulators backward, each
+    transfer a span that ends after it starts; the results are the untraced ring's (F64)."""
+    from distlab.context_parallel import timeline
+
+    want_out, *want_grads = single_process(16, False, "float64")
+    the_layout = layout.contiguous(16, n)
+    for rank, r in enumerate(results[n]):
+        t = r["traced"]
+        assert t["restored"], f"rank {rank}: timeline.traced() left the ring's functions wrapped"
+        names = [e.name for e in t["events"]]
+        assert names.count("block_attention") == n and names.count("merge") == n, names
+        assert names.count("block_backward") == n, names
+        assert names.count("forward: key/value block") == n - 1, names
+        assert names.count("backward: key/value block") == n - 1, names
+        assert names.count("backward: gradient accumulator") == n, names
+        assert all(e.end >= e.start for e in t["events"])
+    events = [r["traced"]["events"] for r in results[n]]
+    assert 0.0 <= timeline.hidden_fraction(events) <= 1.0
+    got = layout.unshard([r["traced"]["out"] for r in results[n]], the_layout)
+    checks.assert_tensor_close(got, want_out, "traced ring output", **F64)
+    for i, what in enumerate("qkv"):
+        got = layout.unshard([r["traced"]["grads"][i] for r in results[n]], the_layout)
+        checks.assert_tensor_close(got, want_grads[i], f"traced ring: gradient of {what}", **F64)
 
 
 @pytest.mark.parametrize("causal", [False, True])

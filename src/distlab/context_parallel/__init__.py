@@ -45,7 +45,9 @@ The modules, in reading order:
 * :mod:`.balance`: the load-balanced causal layout and the work per rank;
 * :mod:`.ulysses`: DeepSpeed-Ulysses' all-to-alls around ordinary attention, and its bytes;
 * :mod:`.torch_native`: torch's own ring attention, run on the CPU kernels beside ours, and
-  why its public ``context_parallel()`` does not run causal attention on the CPU.
+  why its public ``context_parallel()`` does not run causal attention on the CPU;
+* :mod:`.model`: a whole TinyGPT run by every rank on its own tokens, attention by ring or Ulysses;
+* :mod:`.timeline`: the ring's compute, transfers and waits on every rank, measured.
 
 Tensors are ``(batch, heads, tokens, head_dim)`` as for ``F.scaled_dot_product_attention``;
 every rank holds its own tokens in the order its layout gives. Kept out, to stay readable:
