@@ -499,14 +499,20 @@ def test_a_slurm_query_that_fails_or_hangs_gives_no_answer_and_leaves_no_process
     queue): what it printed, or None when it could not start, failed or took too long; a
     command past its timeout is killed, not left running beside the hub."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     from course_spawner import slurm_answer
 
-    assert asyncio.run(slurm_answer(["echo", "distlab-n1 0/2/0/2"])) == "distlab-n1 0/2/0/2\n"
-    assert asyncio.run(slurm_answer(["false"])) is None
-    assert asyncio.run(slurm_answer(["/nonexistent/sinfo"])) is None
+    def answer(cmd: list[str], **timeout) -> str | None:
+        # A thread of its own: Playwright's sync API (this module's browser) holds this thread's event loop.
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, slurm_answer(cmd, **timeout)).result()
+
+    assert answer(["echo", "distlab-n1 0/2/0/2"]) == "distlab-n1 0/2/0/2\n"
+    assert answer(["false"]) is None
+    assert answer(["/nonexistent/sinfo"]) is None
     start = time.monotonic()
-    assert asyncio.run(slurm_answer(["sleep", "60"], timeout=1)) is None
+    assert answer(["sleep", "60"], timeout=1) is None
     assert time.monotonic() - start < 30
     sleeping = [p for p in psutil.Process().children() if p.name() == "sleep" and p.status() != psutil.STATUS_ZOMBIE]
     assert not sleeping, f"the query that timed out is still running: {sleeping}"
