@@ -96,6 +96,25 @@ def idle_cores(sinfo_output: str) -> list[int]:
     return list(idle.values())
 
 
+async def slurm_answer(cmd: list[str], timeout: float = 10) -> str | None:
+    """What a Slurm query the hub makes as itself (``sinfo``, ``squeue``) printed, or None when it
+    did not answer: it could not start, failed, or took longer than ``timeout`` seconds (then it
+    is killed, not left running beside the hub). The spawn page's advice and progress fall back
+    to what they can say without it."""
+    try:
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+    except OSError:
+        return None
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return None
+    return out.decode() if proc.returncode == 0 else None
+
+
 class SpawnRefused(SpawnException):
     """A refusal meant for the student: JupyterHub shows ``message`` on the spawn page as it
     is, and logs it as one line ("Not starting ...'s server"), the way it logs every
@@ -244,13 +263,8 @@ class CourseSlurmSpawner(SlurmSpawner):
         """Free cores on each node of the partition, as Slurm counts them now; None if sinfo
         does not answer (the refusal then falls back to the smaller profiles)."""
         cmd = ["sinfo", "-h", "-N", "-o", "%N %C"] + (["-p", self.req_partition] if self.req_partition else [])
-        try:
-            proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.DEVNULL)
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
-        except (OSError, asyncio.TimeoutError):
-            return None
-        return idle_cores(out.decode()) if proc.returncode == 0 else None
+        out = await slurm_answer(cmd)
+        return None if out is None else idle_cores(out)
 
     async def queue_position(self) -> tuple[int, int] | None:
         """(this job's place, jobs waiting) in its partition's queue, in Slurm's order (priority,
@@ -259,13 +273,10 @@ class CourseSlurmSpawner(SlurmSpawner):
         cmd = ["squeue", "-h", "-t", "PENDING", "-o", "%i", "--sort=-p,i"]
         if self.req_partition:
             cmd += ["-p", self.req_partition]
-        try:
-            proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.DEVNULL)
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
-        except (OSError, asyncio.TimeoutError):
+        out = await slurm_answer(cmd)
+        if out is None:
             return None
-        waiting = out.decode().split()
+        waiting = out.split()
         return (waiting.index(str(self.job_id)) + 1, len(waiting)) if str(self.job_id) in waiting else None
 
     async def progress(self):

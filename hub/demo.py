@@ -15,7 +15,11 @@ What comes up, in order (each piece is what a centre runs, shrunk onto one machi
 5. the instructor's account with its own private copy of the course and grading folder
    (hub/instructor_account.py): the grading commands run as that account, never as root.
 
-tests/test_hub.py brings up the same pieces through :func:`course_hub`.
+The pieces it brings up with live beside it, one job each: :mod:`demo_sizing` (how big the
+cluster must be for the class), :mod:`demo_access` (what the students' servers may read, and
+what they may not), :mod:`demo_mirror` (the git mirror), :mod:`demo_processes` (waiting for
+and ending the processes started). tests/test_hub.py brings up the same pieces through
+:func:`course_hub`.
 """
 
 from __future__ import annotations
@@ -26,21 +30,12 @@ import datetime
 import os
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
-
-import psutil
-
-from distlab.grade import edition
-from distlab.grade.edition import INSTRUCTOR_ONLY
-from distlab.runtime.processes import alive
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -50,218 +45,20 @@ import accounts  # noqa: E402
 import instructor_account  # noqa: E402
 import slurm_cluster  # noqa: E402
 from course_spawner import PROFILES, squeue_format  # noqa: E402
+from demo_access import (  # noqa: E402
+    let_everyone_through,
+    make_instructor_folders_private,
+    readable_by_everyone,
+    server_python,
+)
+from demo_mirror import git_mirror  # noqa: E402
+from demo_processes import HubError, _end, _hub_ready, _wait_for, end_culler, end_proxy  # noqa: E402
+from demo_sizing import cpus_per_node_for, cpus_per_node_needed  # noqa: E402,F401 - tests/test_hub.py asks demo
 from free_port import free_port  # noqa: E402
 
 COURSE = "dlc"
 START_TIMEOUT = 180  # seconds for the hub to answer (a loaded machine, load average 15, took over 60)
 PUBLIC_REPO = "https://github.com/distlab-book/distlab"  # _config.yml's repository.url
-
-
-class HubError(RuntimeError):
-    """The hub could not be brought up; the message says why."""
-
-
-def cpus_per_node_for(students: int) -> int | None:
-    """CPUs each node of the private cluster must declare so that every student's server fits
-    with the default profile at once; None when this machine's own cores already suffice.
-
-    More than the machine has is declared on purpose (Slurm allows it for testing: see
-    ``scripts/slurm_cluster.py``, ``DISTLAB_CLUSTER_CPUS_PER_NODE``): the servers then share the
-    real cores, which idle notebooks mostly leave free.
-    """
-    per_node = cpus_per_node_needed(students, next(iter(PROFILES.values())), len(slurm_cluster.NODES))
-    return per_node if per_node > (os.cpu_count() or 1) else None
-
-
-def cpus_per_node_needed(students: int, profile: dict, nodes: int) -> int:
-    """CPUs per node for ``students`` jobs of ``profile`` to run at once on ``nodes`` nodes.
-
-    A job takes ``tasks_per_node * cpus_per_task`` cores on each of its nodes, and a node holds
-    whole jobs only: spare cores split across the nodes help nobody. Counting cores for the
-    class as a whole (``students * cores / nodes``) gave a class of 3 on two nodes 3 CPUs a
-    node: two 2-core servers ran, each node had 1 core left, and the third student's server
-    fitted on neither. So the class's jobs are dealt out whole, ``ceil(students * profile's
-    nodes / nodes)`` to a node, and each node gets the cores of that many.
-    """
-    jobs_per_node = -(-students * int(profile["nodes"]) // nodes)
-    return jobs_per_node * int(profile["tasks_per_node"]) * int(profile["cpus_per_task"])
-
-
-def readable_by_everyone(folder: Path) -> bool:
-    """Can any user list and read ``folder`` (and search every folder above it)?"""
-    folder = Path(os.path.realpath(folder))
-    mode = os.stat(folder).st_mode
-    return all(os.stat(p).st_mode & stat.S_IXOTH for p in folder.parents) and mode & stat.S_IROTH and mode & stat.S_IXOTH
-
-
-def let_everyone_through(folder: Path) -> None:
-    """Make every folder above ``folder`` searchable by all users (``o+x``: pass through, not
-    list), saying so: the students' servers must reach the course environment and the package
-    source, wherever the repository was cloned (a CI runner's folder may be 0700)."""
-    for parent in reversed(Path(os.path.realpath(folder)).parents):
-        mode = os.stat(parent).st_mode
-        if not mode & stat.S_IXOTH:
-            os.chmod(parent, mode | stat.S_IXOTH)
-            print(f"course hub: made {parent} searchable by other users (o+x), so servers reach the course",
-                  file=sys.stderr)
-
-
-def server_python(course_env: Path, run_dir: Path) -> Path:
-    """The interpreter the students' servers run: the course environment's own, if they may.
-
-    A course environment made from a Python in root's home (pyenv, here) cannot be run by the
-    students. Then a small environment of the system's Python of the same version stands in:
-    it imports the course environment's packages (one .pth file), so nothing is installed twice.
-    """
-    own = course_env / "bin" / "python"
-    if instructor_account.runnable_by_everyone(own):
-        return own
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    system = Path("/usr/bin") / version
-    if not system.exists() or not instructor_account.runnable_by_everyone(system):
-        raise HubError(f"{own} cannot be run by other users (its base Python is private) and there is "
-                       f"no {system} to stand in: install Debian's {version} or build the course "
-                       "environment from a Python every user can run")
-    bridge = run_dir / "server-env"
-    subprocess.run([str(system), "-m", "venv", "--without-pip", str(bridge)], check=True, timeout=120)
-    site = course_env / "lib" / version / "site-packages"
-    (bridge / "lib" / version / "site-packages" / "course-environment.pth").write_text(
-        f"import site; site.addsitedir({str(site)!r})\n")
-    return bridge / "bin" / "python"
-
-
-def student_edition(served: Path) -> None:
-    """The student edition (:mod:`distlab.grade.edition`, what the course publishes), as a bare
-    repository for ``git daemon``: one commit with no parent, none of INSTRUCTOR_ONLY in it."""
-    edition.write(served, REPO, bare=True)
-
-
-@contextlib.contextmanager
-def git_mirror(run_dir: Path, port: int, address: str = "127.0.0.1"):
-    """Serve the student edition read-only at git://address:port/distlab (and on 127.0.0.1); address:
-    where the cluster's nodes reach this machine."""
-    served = run_dir / "git"
-    student_edition(served / "distlab")
-    daemon = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={served}", "--listen=127.0.0.1",
-                               *([f"--listen={address}"] if address != "127.0.0.1" else []), f"--port={port}", "--reuseaddr", "--informative-errors", str(served / "distlab")],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    try:
-        _wait_for(lambda: _answers(port), 15, "git daemon did not listen", daemon)
-        yield f"git://{address}:{port}/distlab"
-    finally:
-        _end(daemon)
-
-
-def make_instructor_folders_private() -> list[Path]:
-    """chmod o-rwx the repository's INSTRUCTOR_ONLY folders, its ``.git`` (whose objects hold
-    them all) and the compiled copies of its instructor-only modules: the students' servers
-    read the repository (the course environment is installed from it), but not these."""
-    folders = [REPO / name for name in (*INSTRUCTOR_ONLY, ".git") if (REPO / name).exists()]  # files too, since issue 35
-    # A module's compiled copy (__pycache__/<name>.cpython-*.pyc) holds its code and constants
-    # (new_chapter_text's sample solution and hidden tests): hidden with its source. Python
-    # writes later ones with the source's mode, so they stay hidden.
-    folders += [compiled for name in INSTRUCTOR_ONLY if name.endswith(".py")
-                for compiled in sorted((REPO / name).parent.glob(f"__pycache__/{Path(name).stem}.*.pyc"))]
-    for folder in folders:
-        os.chmod(folder, os.stat(folder).st_mode & ~0o007)
-    return folders
-
-
-def _answers(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _wait_for(ready, seconds: float, what: str, proc: subprocess.Popen, log: Path | None = None) -> None:
-    deadline = time.monotonic() + seconds
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-            state = f"exited with code {proc.returncode}" if proc.poll() is not None else f"not within {seconds:g} s"
-            raise HubError(f"{what} ({state}).\n{tail}")
-        time.sleep(0.2)
-
-
-def _end(proc: subprocess.Popen, grace: float = 15) -> None:
-    """SIGTERM the process group we started, then SIGKILL what is left of it."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-
-
-def end_proxy(pid_file: Path, api_port: int, grace: float = 10) -> None:
-    """End the configurable-http-proxy our hub started, if the hub left it running.
-
-    JupyterHub starts its proxy in a session of its own (so ending the hub's process group
-    misses it) and stops it only on a clean shutdown: a hub killed, or ended while still
-    starting on a loaded machine, leaves it behind. It wrote the proxy's pid to ``pid_file``;
-    the process is ended only if it is still that proxy (its command line names the API port
-    we gave it), never a process that took the number since.
-    """
-    try:
-        proxy = psutil.Process(int(pid_file.read_text().strip()))
-        cmdline = proxy.cmdline()
-    except (OSError, ValueError, psutil.Error):
-        return
-    if not any("configurable-http-proxy" in arg for arg in cmdline) or str(api_port) not in cmdline:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proxy.pid, sig)  # its own session: the group is the proxy and its children
-        deadline = time.monotonic() + wait
-        while alive([proxy]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not alive([proxy]):   # a zombie has ended too: it only waits to be reaped
-            return
-
-
-def end_culler(hub_api_url: str, grace: float = 10) -> None:
-    """End the idle culler our hub started, if the hub left it running.
-
-    JupyterHub stops its managed services when it shuts down, giving each up to 20 s; a hub
-    ended sooner (a loaded machine, a killed test) leaves the culler running in a session of
-    its own. It is ended only if its command line names our hub's API (``--url=...``).
-    """
-    ours = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if any("jupyterhub_idle_culler" in arg for arg in cmdline) and f"--url={hub_api_url}" in cmdline:
-            ours.append(proc)
-    for proc in ours:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    _, left = psutil.wait_procs(ours, timeout=grace)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(left, timeout=5)
-
-
-def _hub_ready(log: Path, url: str) -> bool:
-    """Has the hub said it runs (its proxy has the hub's route), and does it answer?
-
-    Asking its login page through the proxy before then made the proxy log a "404 GET
-    /hub/login" error every 0.2 s while the hub started: errors no person caused."""
-    try:
-        started = b"JupyterHub is now running" in log.read_bytes()
-    except OSError:
-        return False
-    return started and _hub_answers(url)
-
-
-def _hub_answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/hub/login", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

@@ -242,6 +242,37 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
+HOSTILE_CONTROLS = ("aa-control", "zz-control")
+"""The honest classmates of a hostile class, graded first and last (nbgrader goes in name order)."""
+
+
+def hostile_student(name: str) -> str:
+    """The account that hands in the hostile submission grader/hostile/<name>.py."""
+    return "h-" + name.replace("_", "-")
+
+
+def grade_hostile_class(root: Path, hostile, specs: dict, *autograde_args: str, timeout: float) -> dict:
+    """Hand in each of ``specs`` (built by grader/hostile/build.py, imported as ``hostile``) beside
+    the two honest HOSTILE_CONTROLS; collect, autograde (``autograde_args``, waiting ``timeout``
+    seconds) and make feedback, as the instructor does. Returns the course, its scores, the two
+    runs, autograde's seconds, the source cells and the gradebook's mode from before autograde,
+    and the size of each submission (tests/test_hostile.py, tests/test_hostile_output.py)."""
+    course, incoming = Course(root / "work"), fresh_dir(root / "incoming")
+    release = str(course.release())
+    submitted = dict.fromkeys(HOSTILE_CONTROLS, hostile.build(type("Correct", (), {})(), release))
+    submitted.update({hostile_student(name): hostile.build(spec, release) for name, spec in specs.items()})
+    for student, body in submitted.items():
+        course.submit(incoming, student, body)
+    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    source_cells_before, gradebook_mode = course.table("source_cell"), (course.work / "gradebook.db").stat().st_mode
+    start = time.monotonic()
+    autograde = course.grade("autograde", SLUG, *autograde_args, timeout=timeout)
+    seconds = time.monotonic() - start
+    return {"course": course, "autograde": autograde, "seconds": seconds, "feedback": course.grade("feedback", SLUG),
+            "scores": course.scores(), "source_cells_before": source_cells_before, "gradebook_mode": gradebook_mode,
+            "submitted": {student: len(body) for student, body in submitted.items()}}
+
+
 def grade_one_student(root: Path, slug: str, student: str, answers: dict) -> tuple[Course, dict]:
     """Release ``slug``, submit its release with ``answers`` (``{grade_id: source}``) filled in as
     ``student``, and take that one student through ``grade class``; return the course and the

@@ -53,14 +53,8 @@ BUILD_TIMEOUT = 2400
 # --- fast checks -----------------------------------------------------------------------------
 
 def toc_files() -> list[str]:
-    """Every ``file:`` of _toc.yml (docnames, relative to the repository, no suffix)."""
-    def walk(entries):
-        for entry in entries:
-            if "file" in entry:
-                yield entry["file"]
-            yield from walk(entry.get("sections", []))
-
-    return [TOC["root"], *(f for part in TOC["parts"] for f in walk(part["chapters"]))]
+    """Every ``file:`` of _toc.yml (docnames, relative to the repository, no suffix), its root first."""
+    return book_checks.toc_files(REPO)
 
 
 def source_of(docname: str) -> Path:

@@ -15,28 +15,14 @@ import re
 import shutil
 from pathlib import Path
 
-import yaml
-
 import distlab
 from distlab import chapters
-from distlab.grade import chapter_rows
+from distlab.grade import book_checks, chapter_rows
 from distlab.runtime import isolation
 
 REPO = Path(__file__).resolve().parent.parent
 SLUG = re.compile(r"^\d\d-[a-z0-9-]+$")
 SAMPLE_PACKAGE = "distlab." + "sample"   # a chapter that does not exist (split: the dotted-name check reads this file)
-
-
-def toc_files() -> set[str]:
-    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-
-    def walk(entries):
-        for entry in entries:
-            if "file" in entry:
-                yield entry["file"]
-            yield from walk(entry.get("sections", []))
-
-    return {f for part in toc["parts"] for f in walk(part["chapters"])}
 
 
 def test_every_chapter_folder_on_disk_is_registered_and_every_entry_is_on_disk():
@@ -48,7 +34,7 @@ def test_every_chapter_folder_on_disk_is_registered_and_every_entry_is_on_disk()
     pages = {p.name for p in (REPO / "book").iterdir() if p.is_dir() and SLUG.match(p.name)}
     assert solutions <= registered, f"solutions/ folders with no entry in src/distlab/chapters.py: {solutions - registered}"
     assert pages <= registered, f"book/ chapter folders with no entry in src/distlab/chapters.py: {pages - registered}"
-    toc = toc_files()
+    toc = book_checks.toc_files(REPO)
     for chapter in chapters.CHAPTERS:
         assert chapter.page in toc, f"{chapter.slug}: its page {chapter.page} is not in _toc.yml"
         notebook = REPO / "solutions" / chapter.slug / f"{chapter.slug}.ipynb"

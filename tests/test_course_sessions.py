@@ -27,7 +27,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -81,13 +80,7 @@ def jupyter_server(tmp_path):
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        demo._end(proc, grace=20)   # SIGTERM to its group, SIGKILL to what is left of it after 20 s
 
 
 def answers(url: str) -> bool:
@@ -325,13 +318,7 @@ def server_of_another_account():
         demo._wait_for(lambda: answers(f"{url}/api/status?token={TOKEN}"), 90, "jupyter lab did not answer", proc, log)
         yield url, home, log
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        demo._end(proc, grace=20)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(log, ARTIFACTS / "server-of-another-account.log")
         shutil.rmtree(home, ignore_errors=True)

@@ -422,21 +422,6 @@ def test_no_concept_question_repeats_another_chapters():
     assert not repeats, "questions of two chapters that repeat each other:\n" + "\n".join(repeats)
 
 
-def toc_pages() -> set[str]:
-    """Every ``file:`` of _toc.yml (paths from the repository root, without suffix)."""
-    import yaml
-
-    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-
-    def walk(entries):
-        for entry in entries:
-            if "file" in entry:
-                yield entry["file"]
-            yield from walk(entry.get("sections", []))
-
-    return {toc["root"], *(f for part in toc["parts"] for f in walk(part["chapters"]))}
-
-
 PAGE_REFERENCE = re.compile(r"\b(?:([\w-]+)/)?([\w-]+)\.md\b(?:, '(.+?)'(?=[).;,]))?")
 """``page.md`` (a page of the question's chapter) or ``folder/page.md`` (of another), with an
 optional section: ``page.md, 'Heading'``."""
@@ -448,9 +433,10 @@ def test_every_concept_hint_names_a_page_that_corrects_it(slug):
     the book where the student can read what the answer gets wrong: a page of the toc, in the
     chapter's own folder unless the hint names another, and any section it quotes a heading of
     that page."""
+    from distlab.grade.book_checks import toc_files
     from distlab.grade.checks import CheckFailed
 
-    pages = toc_pages()
+    pages = set(toc_files(REPO))
     folder = re.search(r"\*Read:\*.*?/book/([\w-]+)/", concept_cells(slug)["concepts-text"]).group(1)
     cells, answers, options = concept_cells(slug), solution_concept_answers(slug), concept_options(slug)
     problems = []

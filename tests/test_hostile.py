@@ -8,48 +8,27 @@ students graded before and after it keep their full marks.
 from __future__ import annotations
 
 import sys
-import time
 
 import psutil
 import pytest
-from grading_support import REPO, SLUG, Course, fresh_dir
+from grading_support import HOSTILE_CONTROLS, REPO, SLUG, grade_hostile_class
+from grading_support import hostile_student as _student
 
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
 
 SPECS = hostile.specs()
-CONTROLS = ("aa-control", "zz-control")  # graded first and last (nbgrader goes in name order)
+CONTROLS = HOSTILE_CONTROLS
 SECONDS_PER_SUBMISSION = 150
 """Bound per hostile submission: three test cells, each with runs bounded by 20 s timeouts,
 plus the kernel run (per-cell timeout 20 s here); the ones that do not hang take ~30 s."""
 
 
-def _student(name: str) -> str:
-    return "h-" + name.replace("_", "-")
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile")
-    course = Course(root / "work")
-    release = course.release()
-    incoming = fresh_dir(root / "incoming")
-    correct = hostile.build(type("Correct", (), {})(), str(release))
-    for control in CONTROLS:
-        course.submit(incoming, control, correct)
-    for name, spec in SPECS.items():
-        course.submit(incoming, _student(name), hostile.build(spec, str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
-    source_cells_before = course.table("source_cell")
-    gradebook_mode = (course.work / "gradebook.db").stat().st_mode
-    start = time.monotonic()
     # The harness waits as long as the bound the tests below assert (per submission), no less.
-    autograde = course.grade("autograde", SLUG, "--Execute.timeout=20",
-                             timeout=(len(SPECS) + len(CONTROLS)) * SECONDS_PER_SUBMISSION)
-    seconds = time.monotonic() - start
-    feedback = course.grade("feedback", SLUG)
-    return {"course": course, "scores": course.scores(), "autograde": autograde, "feedback": feedback,
-            "seconds": seconds, "source_cells_before": source_cells_before, "gradebook_mode": gradebook_mode}
+    return grade_hostile_class(tmp_path_factory.mktemp("hostile"), hostile, SPECS, "--Execute.timeout=20",
+                               timeout=(len(SPECS) + len(CONTROLS)) * SECONDS_PER_SUBMISSION)
 
 
 def test_there_are_at_least_twenty_hostile_submissions():

@@ -17,7 +17,8 @@ import sys
 
 import nbformat
 import pytest
-from grading_support import REPO, SLUG, Course, fresh_dir
+from grading_support import HOSTILE_CONTROLS, REPO, SLUG, grade_hostile_class
+from grading_support import hostile_student as _student
 
 from distlab.grade import run_nbgrader, student_output
 
@@ -25,34 +26,17 @@ sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
 
 SPECS = hostile.specs(os.path.join(hostile.HERE, "output"))
-CONTROLS = ("aa-control", "zz-control")  # graded first and last (nbgrader goes in name order)
+CONTROLS = HOSTILE_CONTROLS
 LOG_BYTES = 2 * 2**20
 """The autograde log of this class, at most: each of the 4 hostile submissions keeps
 2 x 64 KiB of its printing (kernel, clean room); nbgrader's own lines are a few KiB each."""
 
 
-def _student(name: str) -> str:
-    return "h-" + name.replace("_", "-")
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile-output")
-    course = Course(root / "work")
-    release = course.release()
-    incoming = fresh_dir(root / "incoming")
-    correct = hostile.build(type("Correct", (), {})(), str(release))
-    for control in CONTROLS:
-        course.submit(incoming, control, correct)
-    for name, spec in SPECS.items():
-        course.submit(incoming, _student(name), hostile.build(spec, str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
-    autograde = course.grade("autograde", SLUG, "--Execute.timeout=300", timeout=1800)   # 100 MB takes a while
-    feedback = course.grade("feedback", SLUG)
-    return {"course": course, "scores": course.scores(), "autograde": autograde, "feedback": feedback,
-            "submitted": {student: len(body) for student, body in
-                          [(c, correct) for c in CONTROLS] +
-                          [(_student(n), hostile.build(s, str(release))) for n, s in SPECS.items()]}}
+    # 100 MB takes a while
+    return grade_hostile_class(tmp_path_factory.mktemp("hostile-output"), hostile, SPECS, "--Execute.timeout=300",
+                               timeout=1800)
 
 
 def test_there_are_the_four_kinds_of_hostile_printing():

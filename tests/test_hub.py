@@ -527,6 +527,30 @@ def test_a_refusal_names_every_profile_that_would_start_now():
     assert idle_cores("distlab-n1 3/1/0/4\ndistlab-n2 0/0/4/4\n") == [1, 0]
 
 
+def test_a_slurm_query_that_fails_or_hangs_gives_no_answer_and_leaves_no_process_behind():
+    """The spawner's one way to ask Slurm (``sinfo`` for the free cores, ``squeue`` for the
+    queue): what it printed, or None when it could not start, failed or took too long; a
+    command past its timeout is killed, not left running beside the hub."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from course_spawner import slurm_answer
+
+    def answer(cmd: list[str], **timeout) -> str | None:
+        # A thread of its own: Playwright's sync API (this module's browser) holds this thread's event loop.
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, slurm_answer(cmd, **timeout)).result()
+
+    assert answer(["echo", "distlab-n1 0/2/0/2"]) == "distlab-n1 0/2/0/2\n"
+    assert answer(["false"]) is None
+    assert answer(["/nonexistent/sinfo"]) is None
+    start = time.monotonic()
+    assert answer(["sleep", "60"], timeout=1) is None
+    assert time.monotonic() - start < 30
+    sleeping = [p for p in psutil.Process().children() if p.name() == "sleep" and p.status() != psutil.STATUS_ZOMBIE]
+    assert not sleeping, f"the query that timed out is still running: {sleeping}"
+
+
 def test_every_student_of_any_class_fits_the_demo_cluster_with_the_default_profile():
     """`make hub STUDENTS=N` for every N up to 40, odd ones included: Slurm deals the class's
     servers out to the nodes whole (the first node with room first, as select/cons_tres

@@ -44,6 +44,46 @@ def test_the_guide_shows_each_command_with_what_it_needs():
     assert "collect 00-first-steps --from" in text and "release 00-first-steps --to" in text
 
 
+PATH_ROOTS = ("src", "tests", "hub", "scripts", "benchmarks", "book", "solutions", "notebooks", "grader", "templates")
+REPOSITORY_PATH = re.compile(rf"(?<![\w./-])(?:{'|'.join(PATH_ROOTS)})/[^\s`'\",;:()\[\]]*")
+"""A path in the repository, as the pages spell one: from a top-level folder, to the first space,
+backtick, quote or punctuation around it."""
+PLACEHOLDER = re.compile(r"<[^>]*>|NN")
+"""``solutions/<slug>/<slug>.ipynb``, ``tests/test_chapterNN.py``: a pattern, not a path."""
+MADE_BY_COMMANDS = ("grader/work", "hub/node_modules")
+"""Folders a command makes (the grader's working folder, ``npm ci --prefix hub``): a fresh clone has neither."""
+
+
+def named_paths(markdown: str) -> set[str]:
+    """The repository paths a page names, in its code spans and its fenced blocks."""
+    spans = re.findall(r"`([^`\n]+)`", markdown) + re.findall(r"^```[^\n]*\n(.*?)^```", markdown, re.S | re.M)
+    return {path.rstrip(".") for span in spans for path in REPOSITORY_PATH.findall(span)}
+
+
+def test_named_paths_finds_paths_in_spans_and_blocks_and_leaves_prose_alone():
+    page = ("Run `python hub/demo.py up`, then read `tests/test_hub.py::test_x` and ``src/distlab/grade/``.\n"
+            "In prose src/distlab/tools is not a named path.\n```bash\nmake page PAGE=book/intro.md\n```\n")
+    assert named_paths(page) == {"hub/demo.py", "tests/test_hub.py", "src/distlab/grade/", "book/intro.md"}
+
+
+def test_every_repository_path_the_guide_the_book_and_the_readmes_name_exists():
+    """What a reader is told to open must be there: every path the instructor's guide, the other
+    appendices, the book's pages and the READMEs name (the threat model's evidence column, the
+    README's layout, the hub's files). A file moved or renamed without its mentions fails here."""
+    pages = sorted((REPO / "book").rglob("*.md")) + [REPO / "README.md", REPO / "hub" / "README.md"]
+    assert GUIDE in pages
+    checked, missing = 0, {}
+    for page in pages:
+        for path in sorted(named_paths(page.read_text())):
+            if PLACEHOLDER.search(path) or path.startswith(MADE_BY_COMMANDS):
+                continue
+            checked += 1
+            if not (REPO / path).exists() and not list(REPO.glob(path)):
+                missing.setdefault(str(page.relative_to(REPO)), []).append(path)
+    assert not missing, f"paths named but not in the repository: {missing}"
+    assert checked > 100, f"only {checked} paths found: the pattern no longer sees the pages' paths"
+
+
 def run(command: str, env: dict) -> subprocess.CompletedProcess:
     return run_in_own_group(["bash", "-c", command], 600, cwd=REPO, env=env)
 

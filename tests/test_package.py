@@ -12,75 +12,52 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import distlab
 from distlab import chapters
 from distlab.grade import book_checks
 
 SRC = Path(distlab.__file__).resolve().parent
 REPO = SRC.parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import package_map  # noqa: E402
 
-MAX_LINES = 350
+MAX_LINES = package_map.MAX_LINES
 """A module longer than this must say in its docstring why it is one piece (the word "one piece")."""
 
 CHAPTER_PACKAGES = ["distlab.runtime", *chapters.packages()]
 """The runtime (what the first steps use) and every chapter's reference package (src/distlab/chapters.py)."""
 
-
-def modules() -> dict[str, Path]:
-    """``{module name: file}`` of every module of the package (a package's name for its ``__init__``)."""
-    found = {}
-    for path in sorted(SRC.rglob("*.py")):
-        parts = path.relative_to(SRC.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found[name] = path
-    return found
-
-
-def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The distlab modules a module imports, anywhere in it (inside functions too)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base] * bool(base))
-            # `from pkg import module` depends on the module, not on the package's body
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
-    return found
+modules = package_map.modules
+imports_of = package_map.imports_of
+"""The package's modules and what each imports, as scripts/package_map.py draws them."""
 
 
 def test_no_import_cycle_between_modules():
-    known = modules()
-    graph = {name: imports_of(name, path, known) for name, path in known.items()}
-    done, path_now = set(), []
-
-    def visit(node):
-        if node in path_now:
-            cycle = path_now[path_now.index(node):] + [node]
-            pytest.fail("import cycle: " + " -> ".join(cycle))
-        if node in done:
-            return
-        path_now.append(node)
-        for nxt in sorted(graph[node]):
-            visit(nxt)
-        path_now.pop()
-        done.add(node)
-
-    for node in sorted(graph):
-        visit(node)
+    graph = package_map.import_graph(modules())
+    found = package_map.cycles(graph)
+    assert not found, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in found)
     assert "distlab.runtime.launchers.local" in graph["distlab.runtime.launchers"], "the checker saw no imports"
+
+
+def test_the_cycle_finder_finds_every_cycle_and_none_where_there_is_none():
+    assert package_map.cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert package_map.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert package_map.cycles({"a": {"a2"}, "a2": set(), "b": {"c"}, "c": {"b"}, "d": {"d"}}) == [
+        ["b", "c", "b"], ["d", "d"]]
+
+
+def test_the_package_map_draws_every_package_with_no_cycle_and_no_unexplained_long_module():
+    """`python scripts/package_map.py`: a line a package with what it imports; the instruments
+    (distlab.tools) import nothing above them; no cycle between modules or between packages."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "package_map.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("distlab")}
+    assert set(rows) >= {*CHAPTER_PACKAGES, "distlab.tools", "distlab.grade", "distlab.models"}, done.stdout
+    assert rows["distlab.tools"].endswith("-> -"), rows["distlab.tools"]
+    assert "module cycles:  none" in done.stdout and "package cycles: none" in done.stdout, done.stdout
+    packages = package_map.package_graph(package_map.import_graph(modules()))
+    assert "distlab.tools" in packages["distlab.collectives"] and "distlab.grade" not in packages["distlab.runtime"]
 
 
 def test_the_instruments_sit_below_everything_and_import_no_chapter():
@@ -92,11 +69,7 @@ def test_the_instruments_sit_below_everything_and_import_no_chapter():
 
 
 def test_no_module_is_long_unless_its_docstring_says_why():
-    long = {}
-    for name, path in modules().items():
-        lines = len(path.read_text().splitlines())
-        if lines > MAX_LINES and "one piece" not in (ast.get_docstring(ast.parse(path.read_text())) or ""):
-            long[name] = lines
+    long = {name: lines for name, (lines, said) in package_map.long_modules(modules()).items() if not said}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 

@@ -20,6 +20,8 @@ import re
 import textwrap
 from pathlib import Path
 
+import yaml
+
 from distlab.grade import near_copy
 
 GLOSSARY = "book/appendices/glossary.md"
@@ -43,6 +45,20 @@ def glossary_entries(repo: Path) -> list[list[str]]:
             entries.append(current)
             current = []
     return entries + ([current] if current else [])
+
+
+def toc_files(repo: Path) -> list[str]:
+    """Every page of ``_toc.yml`` in the book's order, its root first: docnames (paths from the
+    repository root, without suffix), from every depth of ``sections``."""
+    toc = yaml.safe_load((Path(repo) / "_toc.yml").read_text())
+
+    def walk(entries):
+        for entry in entries:
+            if "file" in entry:
+                yield entry["file"]
+            yield from walk(entry.get("sections", []))
+
+    return [toc["root"], *(f for part in toc["parts"] for f in walk(part["chapters"]))]
 
 
 def prose_lines(text: str) -> list[str]:

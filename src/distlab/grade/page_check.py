@@ -171,16 +171,8 @@ def check(path: Path, repo: Path, chapters, cache_dir: Path | None = None, say=p
 
 def chapter_pages(repo: Path, chapter) -> list[Path]:
     """The chapter's pages in ``_toc.yml``, in the toc's order: those in its opening page's folder."""
-    toc = yaml.safe_load((repo / "_toc.yml").read_text())
-
-    def walk(entries):
-        for entry in entries:
-            if "file" in entry:
-                yield entry["file"]
-            yield from walk(entry.get("sections", []))
-
-    files = [f for part in toc["parts"] for f in walk(part["chapters"])]
-    return [repo / f"{f}.md" for f in files if f.rpartition("/")[0] == chapter.folder and (repo / f"{f}.md").exists()]
+    pages = [repo / f"{f}.md" for f in book_checks.toc_files(repo) if f.rpartition("/")[0] == chapter.folder]
+    return [page for page in pages if page.exists()]
 
 
 def command(paths: list[str], slug: str | None, repo: Path, say) -> int:
