@@ -222,15 +222,9 @@ class CourseSlurmSpawner(SlurmSpawner):
         """Where the hub reaches ``node``: Slurm's ``NodeAddr`` for it, the address slurmctld
         itself uses. A node's name need not resolve on the hub's host to that address (or at
         all); the name itself if Slurm does not say."""
-        try:
-            proc = await asyncio.create_subprocess_exec("sinfo", "-h", "-N", "-n", node, "-o", "%o",
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.DEVNULL)
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
-        except (OSError, asyncio.TimeoutError):
-            return node
-        addresses = out.decode().split()
-        return addresses[0] if proc.returncode == 0 and addresses else node
+        out = await slurm_answer(["sinfo", "-h", "-N", "-n", node, "-o", "%o"])
+        addresses = (out or "").split()
+        return addresses[0] if addresses else node
 
     def pending_reason(self) -> str:
         parts = self.job_status.split()
