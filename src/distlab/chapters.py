@@ -121,7 +121,8 @@ CHAPTERS = (
             ("distlab.context_parallel.reference:merge_partials",
              "distlab.context_parallel.reference:balanced_ring_attention"),
             "book/08-context-parallel/index",
-            about="splitting a long sequence across ranks, and attention over its pieces: ring attention, its causal balance, Ulysses.",
+            about=("splitting a long sequence across ranks, and attention over its pieces: {term}`ring attention`, "
+                   "its causal balance, Ulysses."),
             uses=("`blockwise` (attention by blocks, the exact merge), `layout`, `ring` (ring attention, forward "
                   "and backward, its bytes), `balance` (the balanced causal layout), `ulysses`, `torch_native`, "
                   "`reference` (the exercise's tasks)")),
