@@ -266,3 +266,41 @@ def test_the_sample_has_the_question_kinds_asked_for_and_they_grade(tmp_path, qu
         assert options[least] == new_chapter_text.CHOICE_RIGHT and len(options) == 4
         assert len(options[least]) < max(len(text) for text in options.values()), "the right option is the longest"
     assert (f"{len(kinds)} points" if len(kinds) > 1 else "(1 point)") in cells["concepts-text"]
+
+
+def test_a_package_written_before_its_chapter_is_kept_and_only_what_it_lacks_is_added(tmp_path, monkeypatch):
+    """Chapter 8's package landed before its chapter: the command keeps every file of it as it was,
+    adds the sample's ``reference.py`` beside them, says which files it kept, and still writes the
+    rest of the chapter. A package that has a ``reference.py`` of its own is refused before
+    anything is written (the sample would overwrite it)."""
+    from distlab.grade import config
+
+    repo = scratch_repo(tmp_path)
+    slug = f"{chapters.CHAPTERS[-1].number + 1:02d}-sample-chapter"
+    folder = repo / "src" / "distlab" / "sample_chapter"
+    folder.mkdir(parents=True)
+    own = {folder / "__init__.py": '"""A package its author wrote first, with a docstring of its own."""\n',
+           folder / "ring.py": '"""Ring attention, written before the chapter."""\n\nSTEPS = 3\n'}
+    for path, text in own.items():
+        path.write_text(text)
+    monkeypatch.setattr(config, "repo_root", lambda: str(repo))
+    said = []
+    assert new_chapter.command(slug, TITLE, ABOUT, None, said.append) == 0, said
+    assert {path: path.read_text() for path in own} == own, "a file of the existing package was overwritten"
+    assert "def sum_of_squares" in (folder / "reference.py").read_text()
+    for name in ("__init__.py", "ring.py"):
+        assert f"new-chapter: kept src/distlab/sample_chapter/{name} (the package existed: nothing in it was overwritten)" in said
+    assert "new-chapter: wrote src/distlab/sample_chapter/reference.py" in said
+    assert not any(line == "new-chapter: wrote src/distlab/sample_chapter/__init__.py" for line in said)
+    for made in (f"book/{slug}/index.md", f"solutions/{slug}/{slug}.ipynb", f"tests/test_chapter{slug[:2]}.py"):
+        assert (repo / made).is_file(), made
+    assert f'Chapter("{slug}"' in (repo / "src" / "distlab" / "chapters.py").read_text()
+
+    again = scratch_repo(tmp_path / "again")
+    folder = again / "src" / "distlab" / "sample_chapter"
+    folder.mkdir(parents=True)
+    (folder / "reference.py").write_text('"""The author\'s own reference."""\n')
+    before = files_of(again)
+    with pytest.raises(ValueError, match=r"reference\.py exists already"):
+        new_chapter.make(again, slug, TITLE, ABOUT)
+    assert files_of(again) == before, "the command wrote something before it refused"

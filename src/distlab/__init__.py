@@ -32,7 +32,11 @@ ch.  topic                 package                           what its pages and 
 7    3D parallelism        :mod:`distlab.parallel3d`         ``mesh`` (``Grid``, the rank grid), ``train``,
                                                              ``torch_train``, ``planner`` (choosing a layout),
                                                              ``recommend``
-8    Context parallelism   :mod:`distlab.context_parallel`   ``reference`` (``sum_of_squares``)
+8    Context parallelism   :mod:`distlab.context_parallel`   ``blockwise`` (attention by blocks, the exact merge),
+                                                             ``layout``, ``ring`` (ring attention, forward and
+                                                             backward, its bytes), ``balance`` (the balanced causal
+                                                             layout), ``ulysses``, ``torch_native``, ``reference``
+                                                             (the exercise's tasks)
 ===  ====================  ================================  =======================================================
 
 Shared by every chapter: :mod:`distlab.models` (the tiny GPT and MLP, and the single-process

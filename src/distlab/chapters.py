@@ -118,9 +118,14 @@ CHAPTERS = (
             uses=("`mesh` (`Grid`, the rank grid), `train`, `torch_train`, `planner` (choosing a "
                   "layout), `recommend`")),
     Chapter("08-context-parallel", "Context parallelism", "distlab.context_parallel",
-            ("distlab.context_parallel.reference:sum_of_squares",), "book/08-context-parallel/index",
-            about="splitting a long sequence across ranks, and attention over its pieces: ring attention, its causal balance, Ulysses.",
-            uses="`reference` (`sum_of_squares`)"),
+            ("distlab.context_parallel.reference:merge_partials",
+             "distlab.context_parallel.reference:balanced_ring_attention"),
+            "book/08-context-parallel/index",
+            about=("splitting a long sequence across ranks, and attention over its pieces: {term}`ring attention`, "
+                   "its causal balance, Ulysses."),
+            uses=("`blockwise` (attention by blocks, the exact merge), `layout`, `ring` (ring attention, forward "
+                  "and backward, its bytes), `balance` (the balanced causal layout), `ulysses`, `torch_native`, "
+                  "`reference` (the exercise's tasks)")),
     # new-chapter adds its entry above this line
 )
 

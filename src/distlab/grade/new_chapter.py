@@ -6,7 +6,9 @@ It writes, for ``SLUG = NN-name`` (``--package`` overrides the package's name):
 * ``book/SLUG/index.md``: the chapter's page, with a code cell that runs the reference on 2
   ranks, and its entry in ``_toc.yml`` after the last chapter;
 * ``src/distlab/<name>/``: the chapter's reference package, a docstring and one function,
-  ``reference.sum_of_squares``, which the page calls and the exercise is graded against;
+  ``reference.sum_of_squares``, which the page calls and the exercise is graded against. A
+  package written before its chapter is kept: the command adds only the files it lacks
+  (``__init__.py``, ``reference.py``), overwrites none, and names the ones it kept;
 * ``solutions/SLUG/SLUG.ipynb``: the exercise, with the nbgrader metadata every cell needs,
   one coding task (``task1-answer``, ``task1-tests``: visible tests on 2 ranks, hidden tests on
   4, seeded from ``checks.grading_seed()``), concept questions (``concepts-text``,
@@ -24,7 +26,9 @@ map of :mod:`distlab`, the README's table, the reading path of ``book/intro.md``
 outside the chapter's own folders, the only files an author keeps are the registry and
 ``_toc.yml``.
 
-It refuses, before writing anything, a chapter it cannot place. Then it says what is left:
+It refuses, before writing anything, a chapter it cannot place (its page, exercise or tests
+there already, or a package with a ``reference.py`` of its own, which the sample would
+overwrite). Then it says what is left:
 release, run the chapter's gates, replace the sample. The book's instructor's guide, "Adding a
 chapter", lists every convention the tests enforce.
 """
@@ -75,10 +79,11 @@ def package_for(slug: str) -> str:
 
 
 def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: str | None = None,
-         questions: str = "both") -> list[Path]:
-    """Write the chapter's files into the repository ``repo``; return them. Refuses (ValueError)
-    a malformed slug or package, an empty description, or a chapter whose number, folders or
-    package exist already, or that the three lists of chapters cannot take."""
+         questions: str = "both") -> tuple[list[Path], list[Path]]:
+    """Write the chapter's files into the repository ``repo``; return them, and the files of an
+    existing package it kept as they were. Refuses (ValueError) a malformed slug or package, an
+    empty description, a chapter whose number or folders exist already, a package that is not a
+    folder or has a ``reference.py`` already, or a chapter the three lists of chapters cannot take."""
     import yaml
 
     repo = Path(repo)
@@ -99,12 +104,13 @@ def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: st
     last = max(int(n) for n in re.findall(r'Chapter\("(\d\d)-', registry))
     if int(slug[:2]) < last or MARKER not in registry:
         raise ValueError(f"{slug}: a new chapter comes after chapter {last}, the last in src/distlab/chapters.py")
-    places = {"page": repo / "book" / slug / "index.md", "package": repo / "src" / "distlab" / short,
-              "solution": repo / "solutions" / slug / f"{slug}.ipynb",
+    places = {"page": repo / "book" / slug / "index.md", "solution": repo / "solutions" / slug / f"{slug}.ipynb",
               "tests": repo / "tests" / f"test_chapter{slug[:2]}.py"}
     taken = [str(p.relative_to(repo)) for p in places.values() if p.exists()]
     if taken or (repo / "book" / slug).exists() or (repo / "solutions" / slug).exists():
         raise ValueError(f"{slug}: already there: {taken or [slug]}")
+    places["package"] = repo / "src" / "distlab" / short
+    kept = existing_package(places["package"], repo)
     base = yaml.safe_load((repo / "_config.yml").read_text())["html"]["baseurl"]
     plain = re.sub(r"\{term\}`([^`<]*?)\s*(?:<[^>]*>)?`", r"\1", about)   # the docstring has no MyST roles
     values = {"about": plain, "slug": slug, "title": title, "number": str(int(slug[:2])), "nn": slug[:2],
@@ -117,6 +123,8 @@ def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: st
     written = []
     for path, text in ((places["page"], PAGE), (places["package"] / "__init__.py", PACKAGE_INIT),
                        (places["package"] / "reference.py", REFERENCE), (places["tests"], TESTS)):
+        if path in kept:
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(fill(text))
         written.append(path)
@@ -136,7 +144,23 @@ def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: st
     add_to_toc(repo / "_toc.yml", slug)
     written.append(repo / "_toc.yml")
     written += [repo / place for place in chapter_rows.write(repo, chapter_rows.load(repo))]
-    return written
+    return written, kept
+
+
+def existing_package(folder: Path, repo: Path) -> list[Path]:
+    """The files of a package written before its chapter (none when there is no such folder),
+    all of which the command keeps as they are. It adds ``__init__.py`` where that is missing and
+    the sample's ``reference.py``, so it refuses a package that has a ``reference.py`` already:
+    rename that module, or write the chapter without the command's sample."""
+    if not folder.exists():
+        return []
+    where = folder.relative_to(repo)
+    if not folder.is_dir():
+        raise ValueError(f"{where} exists and is not a folder: a chapter's package is a folder")
+    if (folder / "reference.py").exists():
+        raise ValueError(f"{where / 'reference.py'} exists already: the sample's reference would overwrite it "
+                         "(rename that module, or choose another package with --package)")
+    return sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
 def add_to_toc(toc: Path, slug: str) -> None:
@@ -213,12 +237,14 @@ def command(slug: str, title: str, about: str, package: str | None, say, questio
 
     repo = config.repo_root()
     try:
-        written = make(repo, slug, title, about, package, questions)
+        written, kept = make(repo, slug, title, about, package, questions)
     except ValueError as error:
         say(f"new-chapter: {error}")
         return 2
     for path in written:
         say(f"new-chapter: wrote {os.path.relpath(path, repo)}")
+    for path in kept:
+        say(f"new-chapter: kept {os.path.relpath(path, repo)} (the package existed: nothing in it was overwritten)")
     say(next_steps(slug, package or package_for(slug)))
     return 0
 
