@@ -35,8 +35,10 @@ ch.  topic                 package                           what its pages and 
 8    Context parallelism   :mod:`distlab.context_parallel`   ``blockwise`` (attention by blocks, the exact merge),
                                                              ``layout``, ``ring`` (ring attention, forward and
                                                              backward, its bytes), ``balance`` (the balanced causal
-                                                             layout), ``ulysses``, ``torch_native``, ``reference``
-                                                             (the exercise's tasks)
+                                                             layout), ``ulysses``, ``torch_native``, ``model`` (a
+                                                             model with attention split by sequence), ``timeline``
+                                                             (the ring's measured steps), ``reference`` (the
+                                                             exercise's tasks)
 ===  ====================  ================================  =======================================================
 
 Shared by every chapter: :mod:`distlab.models` (the tiny GPT and MLP, and the single-process

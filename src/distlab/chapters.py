@@ -125,6 +125,7 @@ CHAPTERS = (
                    "its causal balance, Ulysses."),
             uses=("`blockwise` (attention by blocks, the exact merge), `layout`, `ring` (ring attention, forward "
                   "and backward, its bytes), `balance` (the balanced causal layout), `ulysses`, `torch_native`, "
+                  "`model` (a model with attention split by sequence), `timeline` (the ring's measured steps), "
                   "`reference` (the exercise's tasks)")),
     # new-chapter adds its entry above this line
 )
