@@ -23,7 +23,9 @@ SECRET = "the-answer-is-42"
 
 PROGRAM = textwrap.dedent(r'''
 import ctypes, datetime, json, os, socket, sys, threading, time
+import distlab
 from distlab.grade import rank_room
+from distlab.runtime import options
 from distlab.runtime.pool import Pool
 
 SECRET = sys.argv[1]
@@ -205,6 +207,8 @@ if room:
     found["10 GB in ."] = pool.run(fill, ".", 2**20, 10 * 1024, timeout=120)
 found["honest after"] = pool.run(honest, timeout=60)
 pool.stop()
+with options.setup_steps(pool.start_setup):   # a cold run of its own, as the clean room starts some
+    found["cold run"] = distlab.run(in_folder, "/tmp", nprocs=2, launcher="fork", timeout=60)[1]
 print("FOUND " + json.dumps(found))
 ''')
 
@@ -222,7 +226,7 @@ def run_attacks(folder, room: bool) -> dict:
     return json.loads(lines[-1][len("FOUND "):])
 
 
-ATTACKS = ["file in /tmp", "file in /dev/shm", "file in .", "file in ~", "posix_shared_memory",
+ATTACKS = ["cold run", "file in /tmp", "file in /dev/shm", "file in .", "file in ~", "posix_shared_memory",
            "sysv_shared_memory", "the_ranks_store", "a_store_of_its_own", "abstract_unix_socket", "the_run_folder",
            "the_sibling_s_proc"]
 

@@ -73,7 +73,8 @@ What remains, said plainly:
   learn), and they share the machine's CPUs, so timing between them is observable: slow covert
   channels, bits per second, not a way to move tensors within a test's time limit;
 * chapters in :data:`KEEPS_NETWORK` keep the loopback between their ranks (files, IPC and the
-  run folder are private there too).
+  run folder are private there too), and so do ranks on NCCL, with ``/dev/shm`` (NCCL connects
+  two GPUs when they first talk, through both); the grader's own backend closes these.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ KEEPS_NETWORK = ("04-zero-fsdp", "05-tensor-parallel", "07-3d-parallelism")
 """Chapters whose graded code makes process groups or device meshes of its own (``new_group``
 needs the store and new connections): their ranks keep the sandbox's network for now."""
 ALWAYS_PRIVATE = ("/tmp", "/dev/shm")
+VARIABLE = "DISTLAB_RANK_ROOM"
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
@@ -108,13 +110,20 @@ class RoomError(RuntimeError):
     """The rank's private room could not be made: the rank does not run student code."""
 
 
+def wanted() -> bool:
+    """Whether graded ranks get their rooms: always, unless the instructor sets
+    ``DISTLAB_RANK_ROOM=off`` (to measure what the room costs, ``benchmarks/autograde.py --room``,
+    or on a machine that refuses a user namespace inside the sandbox; only for trusted students)."""
+    return os.environ.get(VARIABLE, "on").strip().lower() not in ("off", "0", "no", "none", "false")
+
+
 def around(start_steps: list[dict], assignment: str | None = None) -> list[dict]:
     """``start_steps`` (:func:`distlab.runtime.options.rank_setup` steps) with the room's around
     them, inside the grading sandbox: the user namespace first, while the rank has one thread
     (before the caps start theirs); the rest once its process group is up."""
     from distlab.grade import bubblewrap
 
-    if not bubblewrap.enabled():   # graded without the sandbox: trusted students only, no room
+    if not bubblewrap.enabled() or not wanted():   # trusted students only: no room
         return list(start_steps)
     network = assignment not in KEEPS_NETWORK
     return [{"module": __name__, "function": "prepare", "when": "start", "kwargs": {}}, *start_steps,
@@ -154,6 +163,8 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     libc = _libc()
     run_dir = os.path.realpath(run_dir)
     cwd = os.path.realpath(os.getcwd())
+    nccl = _uses_nccl()
+    network = network and not nccl
     state = RankState.current
     if state is not None:
         state.stop_thread()
@@ -162,7 +173,7 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     if outside:
         raise RoomError(f"threads would stay outside the rank's private room: {', '.join(outside)}")
     own = _own_folder(Path(run_dir), rank)
-    covered = _private_folders(cwd)
+    covered = [f for f in _private_folders(cwd) if not (nccl and f == "/dev/shm")]
     if network:
         _shut_store_connection()
     _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | (_CLONE_NEWNET if network else 0)), "unshare")
@@ -187,6 +198,14 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     limits.resume_watchdogs(watchdogs)
     if state is not None:
         state.start_thread()
+
+
+def _uses_nccl() -> bool:
+    """NCCL connects a pair of ranks when they first talk, over sockets and ``/dev/shm``: its
+    ranks keep the network and ``/dev/shm`` (the rest of the room stands)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower()
 
 
 def _own_folder(run_dir: Path, rank: int) -> Path:
