@@ -9,3 +9,4 @@ from _cheats import ALL_REDUCE, EXCHANGE_BY_OWN_STORE
 SLUG = "02-collectives"
 AFFECTED = ["task3-tests"]
 ANSWERS = {"task3-answer": EXCHANGE_BY_OWN_STORE + ALL_REDUCE}
+OUTPUT_CONTAINS = ["Network is unreachable"]

@@ -9,3 +9,4 @@ from _cheats import EXCHANGE_BY_THE_RANKS_STORE, REDUCE_SCATTER
 SLUG = "02-collectives"
 AFFECTED = ["task1-tests"]
 ANSWERS = {"task1-answer": EXCHANGE_BY_THE_RANKS_STORE + REDUCE_SCATTER}
+OUTPUT_CONTAINS = ["Broken pipe"]
