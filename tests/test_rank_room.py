@@ -168,6 +168,16 @@ def threads_in_the_room():
             if t is not threading.main_thread() and t.name.startswith("distlab")}
 
 
+def descriptors():
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:   # the listing's own descriptor, closed by now
+            pass
+    return found
+
+
 def fill(folder, size, count):
     made = 0
     block = b"x" * size
@@ -201,6 +211,7 @@ for attack in (posix_shared_memory, sysv_shared_memory, the_ranks_store, a_store
 if room:
     found["undo the room"] = pool.run(undo_the_room, timeout=60)
     found["threads"] = pool.run(threads_in_the_room, timeout=60)
+    found["descriptors"] = pool.run(descriptors, timeout=60)
     for folder in ("/tmp", "/dev/shm"):
         found[f"20000 files in {folder}"] = pool.run(fill, folder, 1, 20_000, timeout=120)
         found[f"10 GB in {folder}"] = pool.run(fill, folder, 2**20, 10 * 1024, timeout=120)
@@ -266,6 +277,14 @@ def test_a_rank_cannot_undo_its_room_and_its_threads_are_inside(ranks_in_rooms):
     assert all(answer.startswith("refused") for answer in ranks_in_rooms["undo the room"])
     for threads in ranks_in_rooms["threads"]:
         assert {"distlab-rank-state", "distlab-limits-watchdog"} <= set(threads) and all(threads.values()), threads
+
+
+def test_a_rank_holds_no_descriptor_of_a_shared_place(ranks_in_rooms):
+    """Its standard input is /dev/null and its output its own files; the rest is the process
+    group's (sockets, gloo's pipes and event queue): nothing open on a folder or file of another."""
+    for rank, held in enumerate(ranks_in_rooms["descriptors"]):
+        files = [h for h in held if not h.startswith(("socket:", "pipe:", "anon_inode:"))]
+        assert sorted(os.path.basename(h) for h in files) == [f"err-{rank}", "null", f"out-{rank}"], held
 
 
 @pytest.mark.parametrize("folder", ["/tmp", "/dev/shm"])
