@@ -32,6 +32,10 @@ user           An unprivileged account. A grader running as root drops to ``nobo
 Sockets: a Unix socket is reached through the file system, not the network, so hiding
 ``/run`` and ``/tmp`` (where daemons keep theirs) matters as much as the network namespace.
 
+Inside the clean room's sandbox, every graded rank goes one step further, once its process
+group is up: namespaces of its own, so that the ranks share nothing but their process group
+(:mod:`distlab.grade.rank_room`).
+
 ``DISTLAB_GRADE_SANDBOX=none`` grades without this boundary (the Python guard and the
 resource caps stay): for a machine without bubblewrap or without user namespaces, and only
 where the students are trusted.
