@@ -248,9 +248,12 @@ def main() -> None:
         isolation.preload()
     try:   # last, before any call: e.g. the grader's private room (distlab.grade.rank_room)
         _run_setup(options, "joined", run_dir=str(run_dir), rank=rank)
-    except BaseException as exc:  # noqa: BLE001
-        _report_exception(run_dir, rank, exc)
-        state.now({"phase": "raised", "since": time.time()})
+    except BaseException as exc:  # noqa: BLE001 - reported as far as the half-made step lets us
+        try:
+            _report_exception(run_dir, rank, exc)
+            state.now({"phase": "raised", "since": time.time()})
+        except OSError:
+            pass
         _leave(dist, ok=False)
     ok = _serve_calls(run_dir, state, rank) if pool else _run_call(state, run_dir, rank)
     _leave(dist, ok)
