@@ -2,6 +2,7 @@
 
     python benchmarks/autograde.py                 # or: make bench-autograde
     python benchmarks/autograde.py --cluster [--students N]
+    python benchmarks/autograde.py --room [--rounds N]
 
 Per assignment: for every assignment in solutions/, in a throw-away course (its own work
 folder, the real nbgrader config), this grades one correct submission alone, then a class of
@@ -17,6 +18,11 @@ at a time), so that two nodes have twice the machine of one, as on a real cluste
 students per minute for each and the two-node speed-up (target: at least 1.7x), and checks the
 guide's wall-time model ``T(N, K) = c + ceil(N / K) * t_job`` (one job per node at a time): ``c``
 and ``t_job`` come from the one-node run, the model predicts the two-node run.
+
+``--room``: what each graded rank's private room (:mod:`distlab.grade.rank_room`) costs. One
+correct submission of chapters 0, 2 and 3 is graded with the rooms and without them
+(``DISTLAB_RANK_ROOM=off``), alternately, N rounds each, and the ratio of the median times is
+printed per chapter (target: at most 1.20).
 """
 
 from __future__ import annotations
@@ -55,9 +61,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", action="store_true", help="a class on the private Slurm cluster")
     parser.add_argument("--students", type=int, default=6, help="class size for --cluster (default 6)")
+    parser.add_argument("--room", action="store_true", help="grading time with the ranks' rooms / without")
+    parser.add_argument("--rounds", type=int, default=2, help="gradings of each kind per chapter for --room")
     args = parser.parse_args()
     if args.cluster:
         return cluster_benchmark(args.students)
+    if args.room:
+        return room_benchmark(args.rounds)
     per_assignment()
 
 
@@ -112,6 +122,30 @@ def cluster_benchmark(students: int) -> None:
     predicted = c + math.ceil(students / 2) * t_job
     print(f"model T(N, K) = c + ceil(N/K) * t_job with c = {c:.1f} s, t_job = {t_job:.1f} s (1-node run): "
           f"2 nodes predicted {predicted:.1f} s, measured {two:.1f} s ({100 * (two - predicted) / two:+.0f}%)")
+
+
+def room_benchmark(rounds: int, target: float = 1.2) -> None:
+    import statistics
+
+    print(f"machine: {os.cpu_count()} cores; one correct notebook, {rounds} gradings with and without rooms")
+    for slug in ("00-first-steps", "02-collectives", "03-ddp"):
+        root = Path(tempfile.mkdtemp(prefix="distlab-bench-room-"))
+        try:
+            work = root / "work"
+            grade(work, "release", slug, "--to", str(work / "release"))
+            (root / "in" / "s1").mkdir(parents=True)
+            shutil.copy(REPO / "solutions" / slug / f"{slug}.ipynb", root / "in" / "s1" / f"{slug}.ipynb")
+            grade(work, "collect", slug, "--from", str(root / "in"))
+            times: dict[str, list[float]] = {"on": [], "off": []}
+            for _ in range(rounds):
+                for room in ("off", "on"):   # alternately: a change in the machine's load hits both
+                    seconds, _ = grade(work, "autograde", slug, env={"DISTLAB_RANK_ROOM": room})   # --force: again
+                    times[room].append(seconds)
+            on, off = statistics.median(times["on"]), statistics.median(times["off"])
+            print(f"{slug:<20} with rooms {on:6.1f} s, without {off:6.1f} s: ratio {on / off:.2f} "
+                  f"({'within' if on / off <= target else 'OVER'} {target:.2f})", flush=True)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def per_assignment() -> None:

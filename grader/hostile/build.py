@@ -11,7 +11,9 @@ purpose. It is a small Python file with
 * optionally ``mutate(nb)``: edits the notebook itself (e.g. edits a locked cell);
 * optionally ``RAW``: a function returning the submission's bytes (e.g. invalid JSON);
 * optionally ``MARKER``: a string that any process it starts carries in its command line,
-  so the test can check that none survives grading.
+  so the test can check that none survives grading;
+* optionally ``SLUG``: the assignment it is a submission of (default: chapter 0's; ``rooms/``
+  holds submissions of other chapters, tests/test_hostile_rooms.py).
 
 :func:`build` starts from the released notebook, fills every answer cell with the
 solution's code (so the submission is correct), then applies the file's changes.
@@ -37,7 +39,7 @@ def specs(folder: str = HERE) -> dict:
     ``caps/`` holds those that need the grader run with small caps, tests/test_submission_caps.py)."""
     found = {}
     for filename in sorted(os.listdir(folder)):
-        if filename.endswith(".py") and filename not in ("build.py", "__init__.py"):
+        if filename.endswith(".py") and filename not in ("build.py", "__init__.py") and not filename.startswith("_"):
             name = filename[:-3]
             spec = importlib.util.spec_from_file_location(f"hostile_{name}", os.path.join(folder, filename))
             module = importlib.util.module_from_spec(spec)
@@ -46,9 +48,9 @@ def specs(folder: str = HERE) -> dict:
     return found
 
 
-def solution_answers() -> dict:
+def solution_answers(slug: str = SLUG) -> dict:
     """``{answer grade id: the solution's code}`` (the BEGIN/END SOLUTION markers removed)."""
-    nb = nbformat.read(os.path.join(REPO, "solutions", SLUG, f"{SLUG}.ipynb"), as_version=4)
+    nb = nbformat.read(os.path.join(REPO, "solutions", slug, f"{slug}.ipynb"), as_version=4)
     answers = {}
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
@@ -62,7 +64,7 @@ def build(spec, release_path: str) -> bytes:
     if hasattr(spec, "RAW"):
         return spec.RAW()
     nb = nbformat.read(release_path, as_version=4)
-    answers = solution_answers()
+    answers = solution_answers(getattr(spec, "SLUG", SLUG))
     answers.update(getattr(spec, "ANSWERS", {}))
     for cell in nb.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")

@@ -32,6 +32,10 @@ user           An unprivileged account. A grader running as root drops to ``nobo
 Sockets: a Unix socket is reached through the file system, not the network, so hiding
 ``/run`` and ``/tmp`` (where daemons keep theirs) matters as much as the network namespace.
 
+Inside the clean room's sandbox, every graded rank goes one step further, once its process
+group is up: namespaces of its own, so that the ranks share nothing but their process group
+(:mod:`distlab.grade.rank_room`).
+
 ``DISTLAB_GRADE_SANDBOX=none`` grades without this boundary (the Python guard and the
 resource caps stay): for a machine without bubblewrap or without user namespaces, and only
 where the students are trusted.
@@ -55,7 +59,7 @@ SANDBOX_VARIABLE = "DISTLAB_GRADE_SANDBOX"
 PASSED_VARIABLES = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "OMP_NUM_THREADS",
                     "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME",
                     "DISTLAB_GRADE_KERNEL", "DISTLAB_THREADS", "DISTLAB_BACKEND", "DISTLAB_PG_TIMEOUT",
-                    "DISTLAB_START_TIMEOUT", "DISTLAB_MAX_OUTPUT_BYTES", "DISTLAB_CORPUS"}
+                    "DISTLAB_START_TIMEOUT", "DISTLAB_MAX_OUTPUT_BYTES", "DISTLAB_CORPUS", "DISTLAB_RANK_ROOM"}
 """Variables the sandbox keeps; the rest of the grader's environment (tokens, passwords, Slurm's
 job variables: inside, ranks start locally) stays out."""
 PASSED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "NVIDIA_")

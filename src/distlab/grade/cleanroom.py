@@ -12,8 +12,8 @@ test cells. For every test cell, in order:
    run on the ranks, never here), a value (a concept question's answer) is fetched from a
    one-rank run as plain data. Builtins and the instructor's names cannot be shadowed.
 3. Every ``distlab.run`` goes through :func:`distlab.grade.sandbox.encoded_call` under the
-   instructor's resource caps and the guard, and its results are read back with the
-   data-only loader (:mod:`distlab.grade.safeload`). The ranks stay warm between the runs of
+   instructor's caps and the guard, each rank in a room of its own (:mod:`distlab.grade.rank_room`),
+   its results read back with the data-only loader (:mod:`distlab.grade.safeload`). The ranks stay warm between the runs of
    one notebook (:class:`WarmRanks`); a run that hung or broke a collective gets new ones.
 4. The verdict (passed or not) and the cell's output, made safe to show, are recorded.
 
@@ -263,7 +263,7 @@ class WarmRanks:
 def grade(job: dict) -> dict:
     """Run every test cell of the job's notebook; return ``{grade_id: {"passed", "outputs"}}``."""
     import distlab
-    from distlab.grade import checks, safeload, sandbox
+    from distlab.grade import checks, rank_room, safeload, sandbox
     from distlab.runtime import options, serialize
     from distlab.runtime import run as run_module
 
@@ -272,7 +272,8 @@ def grade(job: dict) -> dict:
     real_run = run_module.run
     caps = job["caps"]
     limits_step = {"module": "distlab.grade.limits", "function": "apply", "when": "start", "kwargs": caps}
-    warm = WarmRanks([limits_step], max_age_s=(caps.get("wall_s") or 600) / 2)
+    once = rank_room.around([limits_step], job.get("assignment"))   # each rank in a room of its own
+    warm = WarmRanks(once, max_age_s=(caps.get("wall_s") or 600) / 2)
 
     def run_encoded(fn, *args, **kwargs):
         nprocs = kwargs.get("nprocs", 2)
@@ -289,14 +290,13 @@ def grade(job: dict) -> dict:
     tests = {c["grade_id"]: c["source"] for c in job["test_cells"]}
     namespace = TestNamespace()
     namespace.values_nprocs = warm.smallest_running
-    student_cells: list[str] = []
-    verdicts = {}
+    student_cells, verdicts = [], {}
     for cell in job["cells"]:
         grade_id = cell.get("grade_id")
         if grade_id in tests:
             namespace.student_cells = list(student_cells)
             start = time.monotonic()
-            with options.rank_setup(limits_step["module"], limits_step["function"], when="start", **caps), \
+            with options.setup_steps(once), \
                     options.rank_setup("distlab.grade.protect", "protect_rank", when="call", **guard):
                 verdicts[grade_id] = _run_test_cell(namespace, grade_id, tests[grade_id], job["test_timeout"])
             verdicts[grade_id]["seconds"] = round(time.monotonic() - start, 2)

@@ -74,7 +74,36 @@ def apply(memory_mb: int | None = None, processes: int | None = None, output_mb:
         _set_rlimit(resource.RLIMIT_CPU, int(cpu_s))
     if processes is not None or wall_s is not None:
         become_subreaper()
-        Watchdog(processes, wall_s, label).start()
+        watchdog = Watchdog(processes, wall_s, label)
+        _watchdogs.append(watchdog)
+        watchdog.start()
+
+
+_watchdogs: list = []
+"""The watchdogs :func:`apply` started in this process (:func:`restart_watchdogs` renews them)."""
+
+
+def pause_watchdogs() -> list:
+    """Stop this process's watchdogs (each thread ends); :func:`resume_watchdogs` starts new ones.
+
+    A thread keeps the namespaces it was started in. A rank that enters its private room
+    (:mod:`distlab.grade.rank_room`) does so from its main thread, between these two calls: the
+    new watchdogs start from inside the room, so that code a student makes them run (by
+    replacing a function they call) runs in the room too.
+    """
+    old = list(_watchdogs)
+    _watchdogs.clear()
+    for watchdog in old:
+        watchdog.stop()
+    return old
+
+
+def resume_watchdogs(paused: list) -> None:
+    """Start watchdogs with the same caps and deadlines as ``paused`` (see :func:`pause_watchdogs`)."""
+    for watchdog in paused:
+        renewed = watchdog.renewed()
+        _watchdogs.append(renewed)
+        renewed.start()
 
 
 def make_undumpable() -> bool:
@@ -188,9 +217,22 @@ class Watchdog(threading.Thread):
         self.processes, self.label = processes, label
         self.deadline = time.monotonic() + wall_s if wall_s is not None else None
         self.wall_s = wall_s
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """End this thread (and wait for it); the caps stop being watched until :meth:`renewed` starts."""
+        self._stopped.set()
+        if self.is_alive():
+            self.join()
+
+    def renewed(self) -> "Watchdog":
+        """A new, unstarted watchdog with the same caps and the same deadline."""
+        twin = Watchdog(self.processes, None, self.label)
+        twin.deadline, twin.wall_s = self.deadline, self.wall_s
+        return twin
 
     def run(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             if self.processes is not None:
                 count = live_descendant_count()
                 if count > self.processes:
@@ -200,7 +242,7 @@ class Watchdog(threading.Thread):
             if self.deadline is not None and time.monotonic() > self.deadline:
                 self._end(EXIT_WALL_TIME, f"{self.label} ran longer than its cap of {self.wall_s:g} s "
                                           "of wall-clock time and was stopped")
-            time.sleep(WATCH_INTERVAL_S)
+            self._stopped.wait(WATCH_INTERVAL_S)
 
     def _end(self, code: int, why: str) -> None:
         # The main thread may still be starting processes while we kill: sweep until three

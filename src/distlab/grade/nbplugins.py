@@ -202,7 +202,7 @@ class CleanRoomTests(NbGraderPreprocessor):
         forbidden = list(self.forbidden) + list(nb.metadata.get("distlab", {}).get("forbidden", []))
         job = {"cells": cells, "trusted_cells": trusted, "test_cells": tests, "caps": self.caps(),
                "protected": config.protected_paths(), "forbidden": forbidden,
-               "test_timeout": self.test_timeout_s}
+               "test_timeout": self.test_timeout_s, "assignment": info["assignment"]}
         with submission_caps.phase(self, resources, "clean room") as group:   # on the clean room and its ranks
             verdicts, problem = self.run_clean_room(job, len(tests))
         problem = f"the clean room {why}" if (why := submission_caps.why_ended(group)) else problem

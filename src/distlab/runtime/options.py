@@ -29,6 +29,10 @@ MAX_NPROCS = 64
 """The most ranks one local run may start (8 processes on 2 cores already crawl)."""
 
 BACKENDS = (None, "auto", "gloo", "nccl")
+WHEN = ("start", "joined", "call")
+"""When a setup step runs on a rank (see :func:`rank_setup`); ``start`` and ``joined`` steps
+run once per rank, so they belong to a pool's ranks, ``call`` steps to each call."""
+ONCE = ("start", "joined")
 
 _rank_setup: contextvars.ContextVar[tuple] = contextvars.ContextVar("distlab_rank_setup", default=())
 
@@ -62,12 +66,14 @@ def rank_setup(module: str, function: str, when: str = "call", **kwargs):
     """Run ``module.function(**kwargs)`` on every rank of the runs started inside this block.
 
     ``when="start"`` runs it first thing in the rank (before torch is imported: resource
-    limits); ``when="call"`` runs it just before the user's function (after the process group
-    and the call recorder exist: e.g. disabling APIs an exercise forbids). The grader uses
-    this; the arguments must be JSON-serialisable.
+    limits); ``when="joined"`` once, after the process group and the call recorder exist and
+    before the first call (it also gets ``run_dir`` and ``rank``: the grader's private room for
+    each rank, :mod:`distlab.grade.rank_room`); ``when="call"`` runs it just before the user's
+    function (e.g. disabling APIs an exercise forbids). The grader uses this; the arguments
+    must be JSON-serialisable.
     """
-    if when not in ("start", "call"):
-        raise ValueError(f"when must be 'start' or 'call', got {when!r}")
+    if when not in WHEN:
+        raise ValueError(f"when must be 'start', 'joined' or 'call', got {when!r}")
     step = {"module": module, "function": function, "when": when, "kwargs": kwargs}
     token = _rank_setup.set(_rank_setup.get() + (step,))
     try:
@@ -76,9 +82,19 @@ def rank_setup(module: str, function: str, when: str = "call", **kwargs):
         _rank_setup.reset(token)
 
 
-def current_rank_setup(when: str | None = None) -> list[dict]:
-    """The setup steps of the enclosing :func:`rank_setup` blocks, outermost first (only ``when``'s, if given)."""
-    return [step for step in _rank_setup.get() if when is None or step["when"] == when]
+@contextlib.contextmanager
+def setup_steps(steps: list[dict]):
+    """:func:`rank_setup` for each of ``steps`` (dicts as :func:`current_rank_setup` returns), in order."""
+    with contextlib.ExitStack() as stack:
+        for step in steps:
+            stack.enter_context(rank_setup(step["module"], step["function"], when=step["when"], **step["kwargs"]))
+        yield
+
+
+def current_rank_setup(*when: str) -> list[dict]:
+    """The setup steps of the enclosing :func:`rank_setup` blocks, outermost first (only those
+    of the times ``when`` names, if any)."""
+    return [step for step in _rank_setup.get() if not when or step["when"] in when]
 
 
 def write_options(folder: Path, seed: int, setup: list[dict], cwd: str | None = None) -> None:

@@ -53,14 +53,15 @@ class Pool:
 
     def __init__(self, nprocs: int = 2, backend: str | None = None, threads: int | None = None,
                  launcher: str = "auto", start_setup: list[dict] | None = None):
-        """``start_setup``: :func:`distlab.runtime.options.rank_setup` steps with ``when="start"`` that the
-        ranks run once, as they start (the grader's resource caps). :func:`distlab.run` inside
-        ``rank_setup`` blocks uses this pool only if their start steps are exactly these."""
+        """``start_setup``: :func:`distlab.runtime.options.rank_setup` steps with ``when="start"`` or
+        ``"joined"`` that the ranks run once (the grader's resource caps, its private rooms).
+        :func:`distlab.run` inside ``rank_setup`` blocks uses this pool only if their once-only
+        steps are exactly these."""
         options.check_arguments(print, nprocs, 1.0, backend, threads)
         self.nprocs, self.backend, self.threads, self.launcher = nprocs, backend, threads, launcher
         self.start_setup = list(start_setup or [])
-        if any(step.get("when") != "start" for step in self.start_setup):
-            raise ValueError("a pool's start_setup holds only steps with when='start'")
+        if any(step.get("when") not in options.ONCE for step in self.start_setup):
+            raise ValueError("a pool's start_setup holds only steps with when='start' or 'joined'")
         self.started_at: float | None = None
         self.job = None
         self.run_dir: Path | None = None
@@ -151,11 +152,12 @@ class Pool:
         (call_dir / files.PAYLOAD).write_bytes(blob)
         options.write_options(call_dir, seed, options.current_rank_setup("call"),  # last: "go"
                               cwd=os.getcwd() if self.borrowed else None)   # borrowed ranks started elsewhere
+        files.share_call(self.run_dir, call_dir)   # ranks in private rooms see only their own copy
         try:
             results = self.job.wait(call_dir, timeout)
         except RankError:
             if self.job.watcher.ranks_can_go_on():   # every rank finished the call: keep them
-                shutil.rmtree(call_dir, ignore_errors=True)
+                files.remove_call(self.run_dir, call_dir)
                 raise
             self.restart_reason = "the previous call failed, and a process group that lost a collective cannot be trusted"
             self._discard()
@@ -168,7 +170,7 @@ class Pool:
             self.restart_reason = "the previous call was interrupted"
             self._discard()
             raise
-        shutil.rmtree(call_dir, ignore_errors=True)
+        files.remove_call(self.run_dir, call_dir)
         return results
 
 
@@ -185,7 +187,7 @@ def active_pool(nprocs: int, backend, threads, launcher: str) -> Pool | None:
         return None
     if threads != pool.threads:
         return None
-    if options.current_rank_setup("start") != pool.start_setup:
+    if options.current_rank_setup(*options.ONCE) != pool.start_setup:
         return None
     return pool
 

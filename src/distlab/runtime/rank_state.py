@@ -17,7 +17,6 @@ launcher waits for (starting, ready, returned) are written at once (:meth:`RankS
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from distlab.runtime import rundir as files
@@ -36,7 +35,28 @@ class RankState:
         self._latest = None        # a dict, or a function that makes one (built only if written)
         self._version = 0          # bumped at every change
         self._written = 0          # the version on disk
-        threading.Thread(target=self._write_settled, name="distlab-rank-state", daemon=True).start()
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self.start_thread()
+        RankState.current = self
+
+    current: "RankState | None" = None
+    """The state of this process's rank (the worker makes one)."""
+
+    def start_thread(self) -> None:
+        """Start the thread that writes settled states (again, after :meth:`stop_thread`)."""
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._write_settled, args=(self._stopped,),
+                                        name="distlab-rank-state", daemon=True)
+        self._thread.start()
+
+    def stop_thread(self) -> None:
+        """End the writing thread and wait for it; until :meth:`start_thread`, only :meth:`now`
+        writes. (A rank entering its private room restarts it from inside, see
+        :mod:`distlab.grade.rank_room`: a thread keeps the namespaces it started in.)"""
+        self._stopped.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join()
 
     def now(self, state: dict) -> None:
         """Record ``state`` and write it before returning."""
@@ -56,11 +76,10 @@ class RankState:
         files.write_state(self.run_dir, self.rank, state)
         self._written = self._version
 
-    def _write_settled(self) -> None:
+    def _write_settled(self, stopped: threading.Event) -> None:
         seen = 0
         pause = self.settle
-        while True:
-            time.sleep(pause)
+        while not stopped.wait(pause):
             with self._lock:
                 if self._version == seen and self._written != seen:
                     try:

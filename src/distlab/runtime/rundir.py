@@ -23,6 +23,13 @@ while pids, states and output stay at the top. A ``stop`` file tells idle ranks 
 Files that others read are written to a temporary name and renamed into place, so a
 reader sees either nothing or the whole file, never half of it.
 
+A rank in the grader's private room (:mod:`distlab.grade.rank_room`) sees none of this folder
+but a folder of its own, ``rank-<k>``, shown at the run folder's path: what it writes (its
+state, its results and errors) lands there, and the names above are links into it. Each
+call's ``payload.pkl`` and ``options.json`` are copied into every such folder
+(:func:`share_call`), and ``stop`` too (:func:`write_stop`): nothing one rank writes is in
+another's view.
+
 The folder's name carries the process id of its owner (``distlab-run-4242-x1y2z3``): the owner
 removes it when the run or pool ends, and if the owner was killed first (a kernel ended with
 SIGKILL cannot clean up), the next run of the same user on the machine removes it.
@@ -103,6 +110,50 @@ out_file = _per_rank("out-{rank}")
 err_file = _per_rank("err-{rank}")
 result_file = _per_rank("result-{rank}.pkl")
 error_file = _per_rank("error-{rank}.pkl")
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    """``<rundir>/rank-<k>``: what rank ``k`` sees of the run folder from inside its private room."""
+    return Path(run_dir) / f"rank-{rank}"
+
+
+def rank_dirs(run_dir: Path) -> dict[int, Path]:
+    """``{rank: folder}`` of the ranks of this run that keep a folder of their own."""
+    found = {}
+    for path in Path(run_dir).glob("rank-*"):
+        if path.name[5:].isdigit() and path.is_dir() and not path.is_symlink():
+            found[int(path.name[5:])] = path
+    return found
+
+
+def share_call(run_dir: Path, call_dir: Path) -> None:
+    """Hand a pool's call (written in ``call_dir``) to the ranks that keep a folder of their own:
+    a copy of its files each (``options.json`` last: the go signal), and links from
+    ``call_dir`` to where each will write its result or error."""
+    call_dir = Path(call_dir)
+    for rank, own in rank_dirs(run_dir).items():
+        mine = own / call_dir.name
+        mine.mkdir()
+        for made in (result_file, error_file):
+            os.symlink(os.path.relpath(made(mine, rank), call_dir), made(call_dir, rank))
+        shutil.copyfile(call_dir / PAYLOAD, mine / PAYLOAD)
+        write_atomically(mine / OPTIONS, (call_dir / OPTIONS).read_bytes())
+
+
+def remove_call(run_dir: Path, call_dir: Path) -> None:
+    """Remove a finished call's folder, and its copies in the ranks' own folders."""
+    for own in rank_dirs(run_dir).values():
+        shutil.rmtree(own / Path(call_dir).name, ignore_errors=True)
+    shutil.rmtree(call_dir, ignore_errors=True)
+
+
+def write_stop(run_dir: Path) -> None:
+    """Tell a pool's idle ranks to leave (``stop``), in their own folders too."""
+    for folder in [Path(run_dir), *rank_dirs(run_dir).values()]:
+        try:
+            write_atomically(folder / STOP, b"")
+        except OSError:
+            pass
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -10,7 +10,8 @@ In order:
    process group (torchrun already told us RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 4. Install the call recorder (:mod:`distlab.tools.comm`) and keep ``state-<rank>.json`` up to
    date (:mod:`distlab.runtime.rank_state`), so that on a timeout the notebook can say which
-   call we are stuck in.
+   call we are stuck in. Then run the ``joined`` setup steps (the grader's private room,
+   :mod:`distlab.grade.rank_room`, entered here: after the process group, before any call).
 5. Load the function, seed the random generators, run it, and write the result, or the
    exception with its traceback. In pool mode (``--pool``, see :mod:`distlab.runtime.pool`), do this
    for each call that appears in ``call-<k>/`` until told to stop, and undo between calls
@@ -92,8 +93,9 @@ def _report_exception(run_dir: Path, rank: int, exc: BaseException, serving_on: 
     files.write_atomically(files.error_file(run_dir, rank), serialize.dumps_result(report))
 
 
-def _run_setup(options: dict, when: str) -> list:
-    """Run the setup steps the caller asked for at this point (see :func:`distlab.runtime.options.rank_setup`).
+def _run_setup(options: dict, when: str, **context) -> list:
+    """Run the setup steps the caller asked for at this point (see :func:`distlab.runtime.options.rank_setup`),
+    each with its own arguments and ``context`` (the run folder and rank, for ``joined`` steps).
 
     A step may return a function that undoes it; those are returned, to be called after the call.
     """
@@ -102,7 +104,8 @@ def _run_setup(options: dict, when: str) -> list:
     undo = []
     for step in options["setup"]:
         if step["when"] == when:
-            result = getattr(importlib.import_module(step["module"]), step["function"])(**step["kwargs"])
+            function = getattr(importlib.import_module(step["module"]), step["function"])
+            result = function(**step["kwargs"], **context)
             if callable(result):
                 undo.append(result)
     return undo
@@ -205,8 +208,10 @@ def main() -> None:
     pool = "--pool" in sys.argv[2:]
     rank = int(os.environ["RANK"])
     _leash_and_redirect(run_dir, rank)
+    options = {"setup": []}
     try:
-        _run_setup(_read_options(run_dir), "start")
+        options = _read_options(run_dir)
+        _run_setup(options, "start")
     except BaseException as exc:  # noqa: BLE001
         _report_exception(run_dir, rank, exc)
         _leave(None, ok=False)
@@ -241,6 +246,15 @@ def main() -> None:
         from distlab.runtime import isolation
 
         isolation.preload()
+    try:   # last, before any call: e.g. the grader's private room (distlab.grade.rank_room)
+        _run_setup(options, "joined", run_dir=str(run_dir), rank=rank)
+    except BaseException as exc:  # noqa: BLE001 - reported as far as the half-made step lets us
+        try:
+            _report_exception(run_dir, rank, exc)
+            state.now({"phase": "raised", "since": time.time()})
+        except OSError:
+            pass
+        _leave(dist, ok=False)
     ok = _serve_calls(run_dir, state, rank) if pool else _run_call(state, run_dir, rank)
     _leave(dist, ok)
 

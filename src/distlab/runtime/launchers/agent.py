@@ -83,7 +83,7 @@ class Agent:
         watcher.remember_processes()       # before the ranks and the agent leave
         if gracefully:
             if pool:
-                files.write_atomically(self.run_dir / files.STOP, b"")
+                files.write_stop(self.run_dir)
             self.wait(2.0)                 # torchrun follows its ranks within its monitor interval
         watcher.end()
         self.wait(5.0)
