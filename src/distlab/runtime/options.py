@@ -28,7 +28,8 @@ from distlab.runtime import rundir
 MAX_NPROCS = 64
 """The most ranks one local run may start (8 processes on 2 cores already crawl)."""
 
-BACKENDS = (None, "auto", "gloo", "nccl")
+BACKENDS = (None, "auto", "gloo", "nccl", "relay")
+"""``"relay"``: every message through a router in the calling process (:mod:`distlab.relay`)."""
 
 _rank_setup: contextvars.ContextVar[tuple] = contextvars.ContextVar("distlab_rank_setup", default=())
 
@@ -44,7 +45,7 @@ def check_arguments(fn, nprocs, timeout, backend, threads) -> None:
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of None, 'gloo' or 'nccl', got {backend!r}")
+        raise ValueError(f"backend must be one of None, 'gloo', 'nccl' or 'relay', got {backend!r}")
     if backend == "nccl":
         import torch
 

@@ -86,7 +86,7 @@ class Pool:
         self.calls = 0
         self.started_at = time.monotonic()
         try:
-            job_class = launchers.choose(self.launcher)
+            job_class = launchers.choose(self.launcher, self.backend)
             self.job = job_class(self.run_dir, self.nprocs, START_TIMEOUT, self.backend, self.threads, pool=True)
             self.job.wait_until_ready(START_TIMEOUT)
         except BaseException:
