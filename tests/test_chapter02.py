@@ -118,3 +118,47 @@ def ring_reduce_scatter(tensor):
 test_a_naive_all_reduce_and_a_disguised_builtin_score_zero = gs.wrong_answers_test(
     SLUG, {"task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE},
     {"task1-tests": "the built-in reduce-scatter", "task3-tests": "the naive all-reduce (by the byte count)"})
+
+# -- issue 43: the ranks talk only through the grader's relay, which records every message -------
+
+GC_BUILTIN_ALL_REDUCE = '''
+def ring_all_reduce(tensor):
+    """The guard's own registrations found through the garbage collector and removed, then the
+    built-in all-reduce through a functional operator looked up afresh: on gloo the ranks' record
+    says 0 bytes and the values are right."""
+    import gc
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.library.Library):
+            obj._destroy()
+    ops = torch._ops._OpNamespace("_c10d_functional")
+    return ops.wait_tensor(ops.all_reduce(tensor.clone(), "sum", dist.group.WORLD.group_name))
+'''
+
+GC_BUILTIN_SLICE = '''
+def ring_reduce_scatter(tensor):
+    """Task 1 as a slice of the same smuggled all-reduce."""
+    import gc
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.library.Library):
+            obj._destroy()
+    ops = torch._ops._OpNamespace("_c10d_functional")
+    whole = ops.wait_tensor(ops.all_reduce(tensor.clone(), "sum", dist.group.WORLD.group_name))
+    return torch.tensor_split(whole, dist.get_world_size())[dist.get_rank()].clone()
+'''
+
+test_the_guard_removed_through_gc_and_a_builtin_all_reduce_score_zero = gs.wrong_answers_test(
+    SLUG, {"task1-answer": GC_BUILTIN_SLICE, "task3-answer": GC_BUILTIN_ALL_REDUCE},
+    {"task1-tests": "a reduce-scatter sliced from a smuggled built-in all-reduce",
+     "task3-tests": "a built-in all-reduce with the guard removed through gc"})
+
+NAIVE_WITH_ITS_RECORD_EMPTIED = NAIVE_ALL_REDUCE.replace('''    return total
+''', '''    from distlab.tools import comm
+    for log in comm._recorders:      # the rank's own record of what it sent: emptied
+        log.clear()
+    return total
+''')
+
+test_a_rank_that_empties_its_own_record_scores_zero = gs.wrong_answers_test(
+    SLUG, {"task3-answer": NAIVE_WITH_ITS_RECORD_EMPTIED},
+    {"task3-tests": "a naive all-reduce whose rank record was emptied"},
+    reasons=["a ring all-reduce sends 1 per pass around the ring"])
