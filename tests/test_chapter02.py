@@ -162,3 +162,46 @@ test_a_rank_that_empties_its_own_record_scores_zero = gs.wrong_answers_test(
     SLUG, {"task3-answer": NAIVE_WITH_ITS_RECORD_EMPTIED},
     {"task3-tests": "a naive all-reduce whose rank record was emptied"},
     reasons=["a ring all-reduce sends 1 per pass around the ring"])
+
+GLOO_OF_ITS_OWN_BEHIND_A_DUMMY_RING = '''
+import datetime
+_side = {}
+
+def ring_all_reduce(tensor):
+    """The sum over a gloo process group of the ranks' own (a TCPStore on the loopback), and the
+    ring's schedule sent through the relay with zeros, so its record looks right."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    if n not in _side:
+        store = dist.TCPStore("127.0.0.1", 29731 + n, n, r == 0, timeout=datetime.timedelta(seconds=30))
+        _side[n] = dist.ProcessGroupGloo(store, r, n, datetime.timedelta(seconds=30))
+    side = _side[n]
+    flat = tensor.reshape(-1).clone()
+    total = flat.clone()
+    if r == 0:
+        for other in range(1, n):
+            incoming = torch.empty_like(flat)
+            side.recv([incoming], other, 0).wait()
+            total += incoming
+        for other in range(1, n):
+            side.send([total], other, 0).wait()
+    else:
+        side.send([flat], 0, 0).wait()
+        side.recv([total], 0, 0).wait()
+    chunks = torch.tensor_split(flat, n)
+    for shift in (1, 0):
+        for step in range(n - 1):
+            out, back = chunks[(r - step - shift) % n], chunks[(r - step - shift - 1) % n]
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.zeros_like(out), (r + 1) % n),
+                                                dist.P2POp(dist.irecv, torch.empty_like(back), (r - 1) % n)]):
+                work.wait()
+    return total.reshape(tensor.shape)
+'''
+
+# The relay's record alone cannot see this one: the data goes over a gloo process group the ranks
+# made from a TCPStore of their own, on the sandbox's loopback, and the relay carries a ring of
+# zeros. Today the loopback's byte counter catches it (the relay uses no network); once each
+# graded rank has no network at all, the store cannot even be made.
+test_a_gloo_group_of_the_ranks_own_behind_a_dummy_ring_scores_zero = gs.wrong_answers_test(
+    SLUG, {"task3-answer": GLOO_OF_ITS_OWN_BEHIND_A_DUMMY_RING},
+    {"task3-tests": "a sum over a gloo group of the ranks' own, behind a ring of zeros"},
+    reasons=["went around it"])

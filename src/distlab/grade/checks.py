@@ -88,11 +88,12 @@ class RankLogs(list):
 
 class RankResults(list):
     """Per-rank results, and in ``.record`` what the grader's network saw the run send (a
-    :class:`distlab.relay.record.Record`; None for a run that was not on the relay)."""
+    :class:`distlab.relay.record.Record`; None for a run that was not on the relay), in ``.wire``
+    what the operating system counted on the loopback (:class:`distlab.grade.wire.Measured`)."""
 
-    def __init__(self, results=(), record=None):
+    def __init__(self, results=(), record=None, wire=None):
         super().__init__(results)
-        self.record = record
+        self.record, self.wire = record, wire
 
 
 @dataclass
@@ -146,7 +147,7 @@ def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout
     with wire.measure(nprocs) as measured, record.capture() as seen:   # counted outside the ranks
         pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout,
                         backend=network)
-    results = RankResults([p[0] for p in pairs], seen if network == "relay" else None)
+    results = RankResults([p[0] for p in pairs], seen if network == "relay" else None, measured)
     return RankRun(results=results, comm=RankLogs([p[1] for p in pairs], wire=measured))
 
 

@@ -21,6 +21,12 @@ The bytes each run puts on the wire are counted here too, by the operating syste
 sandbox's private loopback (:mod:`distlab.grade.wire`): a test that limits the bytes a rank
 sends checks that count as well as the ranks' own record, which their code can edit.
 
+Where a test runs its ranks on the relay (``checks.run_ranks(..., network="relay")``, chapters
+0, 2 and 3), this process is their network: each rank's only link to the others is one end of
+a socket pair whose other end a router thread here serves (:mod:`distlab.relay`), and the test
+reads that router's record of every message and collective, which no rank can reach: it lives
+in this process's memory, and this process is not dumpable.
+
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
 or ``distlab.grade.checks`` there, or silencing tracebacks, changes nothing here. Hidden tests
 draw their inputs from a seed chosen here (:func:`distlab.grade.checks.grading_seed`).

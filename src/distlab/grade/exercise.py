@@ -48,7 +48,7 @@ def on_ranks(fn, yours, cases, nprocs: int, forbidden=(), given=None, timeout: f
     per_rank = checks.run_ranks(_each_case, nprocs=nprocs, args=(fn, tuple(yours), cases, given),
                                 forbidden=forbidden, timeout=timeout, network=network).results
     return checks.RankResults([[per_rank[rank][i] for rank in range(nprocs)] for i in range(len(cases))],
-                              per_rank.record)
+                              per_rank.record, per_rank.wire)
 
 
 def _each_case(fn, yours, cases, given=None):

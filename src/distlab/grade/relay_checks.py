@@ -6,7 +6,8 @@ sent, written down by the router outside the ranks. The checks here read that re
 the ranks' own (:mod:`distlab.tools.comm`, which a rank's code can reach around or edit):
 
 * :func:`assert_ring`: chapter 2's rule, a ring (only to the right neighbour, ``N-1`` chunk-sized
-  messages per pass, no built-in collective);
+  messages per pass, no built-in collective), and nothing on the loopback besides (see
+  :func:`assert_quiet_loopback`);
 * :func:`assert_relay_bytes`: a byte limit per rank (chapter 0), counted exactly, so with no
   allowance at all;
 * :func:`assert_relay_calls`: the collectives each rank called, in order, with their sizes
@@ -21,6 +22,12 @@ from __future__ import annotations
 
 from distlab.grade.failures import CheckFailed
 from distlab.relay import record as relay_record
+
+QUIET_BYTES_PER_RANK = 2 * 1024
+"""What the loopback may carry per rank during a run on the relay, which uses none of it: room
+for stray packets, and for idle gloo pools of the same notebook (besides
+:data:`distlab.grade.wire.PER_SECOND_BYTES` per rank per second). A gloo process group of the
+ranks' own costs more than this in hand-shakes alone (a store: 9 to 10 KB per rank)."""
 
 
 def record_of(results) -> relay_record.Record:
@@ -38,6 +45,28 @@ def assert_ring(results, n: int, cases: list[tuple], what: str = "a ring") -> No
         relay_record.check_ring(record_of(results), n, cases, what)
     except relay_record.RecordMismatch as exc:
         raise CheckFailed(str(exc)) from None
+    assert_quiet_loopback(results, n)
+
+
+def assert_quiet_loopback(results, n: int) -> None:
+    """While the ranks ran on the relay, the sandbox's loopback stayed (almost) silent.
+
+    The relay uses descriptors, not the network: bytes on the loopback (counted by the
+    operating system, :mod:`distlab.grade.wire`, where the grader meters it) are a channel the
+    grader does not own, such as a gloo process group on a store of the ranks' own. Where the
+    loopback is not metered (a student's kernel), there is nothing to check. Once each graded
+    rank has a network of its own (none), no such channel is left at all.
+    """
+    from distlab.grade import wire
+
+    measured = getattr(results, "wire", None)
+    if measured is None or measured.sent is None:
+        return
+    allowed = int(n * (QUIET_BYTES_PER_RANK + wire.PER_SECOND_BYTES * measured.seconds))
+    if measured.sent > allowed:
+        raise CheckFailed(f"the ranks put {measured.sent} bytes on the sandbox's network (counted by the operating "
+                          f"system, at most {allowed} allowed): the grader's network does not use it, so something "
+                          "went around it")
 
 
 def assert_relay_bytes(results, n: int, max_bytes_sent: int) -> None:
