@@ -10,6 +10,12 @@ three (correct, blank, and correct again), through ``python -m distlab.grade`` a
 would, and prints the seconds, split into nbgrader's own start-up, the kernel run and the
 clean room. Target: at most 60 s per chapter notebook on 2 cores.
 
+``--against GIT_REF [SLUG ...]``: the same one-submission grading, of these assignments (default:
+all), also with the code and notebooks of ``GIT_REF`` (``git archive``'d into a temporary
+folder), alternately, twice each, and the ratio of the mean times: how much a change
+costs a notebook's grading (issue 43's relay: ``--against <the commit before it> 00-first-steps
+02-collectives 03-ddp``; target: within 20 %).
+
 ``--cluster``: a class of N correct submissions of chapter 0, graded three ways into a
 PostgreSQL gradebook: serially on this machine, with ``--slurm`` on one node of the private
 cluster, and with ``--slurm`` on both nodes. The cluster runs with its cores split
@@ -40,10 +46,12 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 60.0
 
 
-def grade(work: Path, *args: str, env: dict | None = None) -> tuple[float, str]:
+def grade(work: Path, *args: str, env: dict | None = None, repo: Path = REPO) -> tuple[float, str]:
     env = dict(os.environ, DISTLAB_GRADE_WORK=str(work), **(env or {}))
+    if repo != REPO:   # another checkout's package first, for the grader and for its ranks
+        env["PYTHONPATH"] = os.pathsep.join([str(repo / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "distlab.grade", *args], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "distlab.grade", *args], cwd=repo, env=env,
                           capture_output=True, text=True)
     seconds = time.monotonic() - start
     if proc.returncode != 0:
@@ -63,12 +71,50 @@ def main() -> None:
     parser.add_argument("--students", type=int, default=6, help="class size for --cluster (default 6)")
     parser.add_argument("--room", action="store_true", help="grading time with the ranks' rooms / without")
     parser.add_argument("--rounds", type=int, default=2, help="gradings of each kind per chapter for --room")
+    parser.add_argument("--against", metavar="GIT_REF", help="compare with the grading of GIT_REF, as a ratio")
+    parser.add_argument("slugs", nargs="*", help="with --against: only these assignments")
     args = parser.parse_args()
     if args.cluster:
         return cluster_benchmark(args.students)
     if args.room:
         return room_benchmark(args.rounds)
+    if args.against:
+        return against(args.against, args.slugs)
     per_assignment()
+
+
+def one_submission(repo: Path, slug: str) -> float:
+    """Seconds to autograde the solution of ``slug`` alone, with ``repo``'s code and notebooks."""
+    root = Path(tempfile.mkdtemp(prefix="distlab-bench-grade-"))
+    try:
+        work = root / "work"
+        grade(work, "release", slug, "--to", str(work / "release"), repo=repo)
+        (root / "incoming" / "s1").mkdir(parents=True)
+        shutil.copy(repo / "solutions" / slug / f"{slug}.ipynb", root / "incoming" / "s1" / f"{slug}.ipynb")
+        grade(work, "collect", slug, "--from", str(root / "incoming"), repo=repo)
+        seconds, _ = grade(work, "autograde", slug, repo=repo)
+        return seconds
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def against(ref: str, slugs: list[str]) -> None:
+    """This checkout's grading next to ``ref``'s, alternately, twice per assignment: the ratio."""
+    slugs = slugs or sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").exists())
+    other = Path(tempfile.mkdtemp(prefix="distlab-bench-ref-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(other)], input=archive, check=True)
+    try:
+        print(f"{'assignment':<20} {ref[:12] + ' s':>14} {'this s':>8} {'ratio':>7}")
+        for slug in slugs:
+            times = {"ref": [], "this": []}
+            for _ in range(2):
+                times["ref"].append(one_submission(other, slug))
+                times["this"].append(one_submission(REPO, slug))
+            ref_s, this_s = (sum(t) / len(t) for t in (times["ref"], times["this"]))
+            print(f"{slug:<20} {ref_s:14.1f} {this_s:8.1f} {this_s / ref_s:6.2f}x", flush=True)
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def cluster_benchmark(students: int) -> None:

@@ -118,3 +118,90 @@ def ring_reduce_scatter(tensor):
 test_a_naive_all_reduce_and_a_disguised_builtin_score_zero = gs.wrong_answers_test(
     SLUG, {"task1-answer": BUILTIN_REDUCE_SCATTER, "task3-answer": NAIVE_ALL_REDUCE},
     {"task1-tests": "the built-in reduce-scatter", "task3-tests": "the naive all-reduce (by the byte count)"})
+
+# -- issue 43: the ranks talk only through the grader's relay, which records every message -------
+
+GC_BUILTIN_ALL_REDUCE = '''
+def ring_all_reduce(tensor):
+    """The guard's own registrations found through the garbage collector and removed, then the
+    built-in all-reduce through a functional operator looked up afresh: on gloo the ranks' record
+    says 0 bytes and the values are right."""
+    import gc
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.library.Library):
+            obj._destroy()
+    ops = torch._ops._OpNamespace("_c10d_functional")
+    return ops.wait_tensor(ops.all_reduce(tensor.clone(), "sum", dist.group.WORLD.group_name))
+'''
+
+GC_BUILTIN_SLICE = '''
+def ring_reduce_scatter(tensor):
+    """Task 1 as a slice of the same smuggled all-reduce."""
+    import gc
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.library.Library):
+            obj._destroy()
+    ops = torch._ops._OpNamespace("_c10d_functional")
+    whole = ops.wait_tensor(ops.all_reduce(tensor.clone(), "sum", dist.group.WORLD.group_name))
+    return torch.tensor_split(whole, dist.get_world_size())[dist.get_rank()].clone()
+'''
+
+test_the_guard_removed_through_gc_and_a_builtin_all_reduce_score_zero = gs.wrong_answers_test(
+    SLUG, {"task1-answer": GC_BUILTIN_SLICE, "task3-answer": GC_BUILTIN_ALL_REDUCE},
+    {"task1-tests": "a reduce-scatter sliced from a smuggled built-in all-reduce",
+     "task3-tests": "a built-in all-reduce with the guard removed through gc"})
+
+NAIVE_WITH_ITS_RECORD_EMPTIED = NAIVE_ALL_REDUCE.replace('''    return total
+''', '''    from distlab.tools import comm
+    for log in comm._recorders:      # the rank's own record of what it sent: emptied
+        log.clear()
+    return total
+''')
+
+test_a_rank_that_empties_its_own_record_scores_zero = gs.wrong_answers_test(
+    SLUG, {"task3-answer": NAIVE_WITH_ITS_RECORD_EMPTIED},
+    {"task3-tests": "a naive all-reduce whose rank record was emptied"},
+    reasons=["a ring all-reduce sends 1 per pass around the ring"])
+
+GLOO_OF_ITS_OWN_BEHIND_A_DUMMY_RING = '''
+import datetime
+_side = {}
+
+def ring_all_reduce(tensor):
+    """The sum over a gloo process group of the ranks' own (a TCPStore on the loopback), and the
+    ring's schedule sent through the relay with zeros, so its record looks right."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    if n not in _side:
+        store = dist.TCPStore("127.0.0.1", 29731 + n, n, r == 0, timeout=datetime.timedelta(seconds=30))
+        _side[n] = dist.ProcessGroupGloo(store, r, n, datetime.timedelta(seconds=30))
+    side = _side[n]
+    flat = tensor.reshape(-1).clone()
+    total = flat.clone()
+    if r == 0:
+        for other in range(1, n):
+            incoming = torch.empty_like(flat)
+            side.recv([incoming], other, 0).wait()
+            total += incoming
+        for other in range(1, n):
+            side.send([total], other, 0).wait()
+    else:
+        side.send([flat], 0, 0).wait()
+        side.recv([total], 0, 0).wait()
+    chunks = torch.tensor_split(flat, n)
+    for shift in (1, 0):
+        for step in range(n - 1):
+            out, back = chunks[(r - step - shift) % n], chunks[(r - step - shift - 1) % n]
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.zeros_like(out), (r + 1) % n),
+                                                dist.P2POp(dist.irecv, torch.empty_like(back), (r - 1) % n)]):
+                work.wait()
+    return total.reshape(tensor.shape)
+'''
+
+# The relay's record alone cannot see this one: the data goes over a gloo process group the ranks
+# made from a TCPStore of their own, on the sandbox's loopback, and the relay carries a ring of
+# zeros. Today the loopback's byte counter catches it (the relay uses no network); once each
+# graded rank has no network at all, the store cannot even be made.
+test_a_gloo_group_of_the_ranks_own_behind_a_dummy_ring_scores_zero = gs.wrong_answers_test(
+    SLUG, {"task3-answer": GLOO_OF_ITS_OWN_BEHIND_A_DUMMY_RING},
+    {"task3-tests": "a sum over a gloo group of the ranks' own, behind a ring of zeros"},
+    reasons=["went around it"])

@@ -149,3 +149,52 @@ def test_the_test_helpers_accept_the_reference_on_every_model_they_offer():
     nb["check_task3"]([(kind, 2, 0.1, nb["batches"](kind, 2, 16, seed=9)) for kind in kinds], nprocs=2)
     assert nb["buckets_ready_in_backward"]("awkward", 100.0) == 0      # the one bucket holds `unused`
     assert nb["buckets_ready_in_backward"]("gpt", 100.0) == 1
+
+
+# -- issue 43: the grader's network sees every all-reduce, whatever the rank's record says -------
+
+PER_PARAMETER_BEHIND_DUMMY_BUCKETS = '''
+class OverlappedDDP:
+    """No buckets at all: one all-reduce per parameter in finish(), sent around the rank's recorder
+    (comm.original), and one tiny recorded all-reduce launched from the hooks per bucket, so that
+    the rank's own record shows the right buckets launched during backward."""
+
+    def __init__(self, model, bucket_mb):
+        from distlab.tools import comm
+        self.world = dist.get_world_size()
+        self.unrecorded_all_reduce = comm.original("all_reduce")
+        broadcast_parameters(model)
+        self.buckets = plan_buckets(model.parameters(), bucket_mb)
+        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.ready = [set() for _ in self.buckets]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.launched, self.works = 0, []
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self.hook)
+
+    def hook(self, param):
+        self.ready[self.bucket_of[id(param)]].add(id(param))
+        while self.launched < len(self.buckets) and len(self.ready[self.launched]) == len(self.buckets[self.launched]):
+            self.launch(self.launched)
+
+    def launch(self, index):
+        self.works.append(dist.all_reduce(torch.zeros(1), async_op=True))   # all the record sees
+        self.launched += 1
+
+    def finish(self):
+        while self.launched < len(self.buckets):
+            self.launch(self.launched)
+        for work in self.works:
+            work.wait()
+        for p in self.params:
+            if p.grad is not None:
+                p.grad /= self.world
+                self.unrecorded_all_reduce(p.grad)
+        self.ready = [set() for _ in self.buckets]
+        self.launched, self.works = 0, []
+'''
+
+test_all_reduces_sent_around_the_rank_record_score_zero_on_task_2 = gs.wrong_answers_test(
+    SLUG, {"task2-answer": PER_PARAMETER_BEHIND_DUMMY_BUCKETS},
+    {"task2-tests": "per-parameter all-reduces around the recorder behind dummy buckets"},
+    reasons=["as the grader's network saw them"])

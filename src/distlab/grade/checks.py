@@ -45,6 +45,11 @@ from dataclasses import dataclass, field
 from distlab.grade.failures import CheckFailed, Failures  # noqa: F401 - part of this module's API
 from distlab.grade.forbid import ForbiddenError, forbid  # noqa: F401 - part of this module's API
 from distlab.grade.references import using_references  # noqa: F401 - part of this module's API
+from distlab.grade.relay_checks import (  # noqa: F401 - part of this module's API
+    assert_relay_bytes,
+    assert_relay_calls,
+    assert_ring,
+)
 from distlab.tools.comm_bytes import all_reduce_bytes  # noqa: F401 - part of this module's API
 
 VALUE_RTOL = 1e-6
@@ -81,6 +86,16 @@ class RankLogs(list):
         self.wire = wire
 
 
+class RankResults(list):
+    """Per-rank results, and in ``.record`` what the grader's network saw the run send (a
+    :class:`distlab.relay.record.Record`; None for a run that was not on the relay), in ``.wire``
+    what the operating system counted on the loopback (:class:`distlab.grade.wire.Measured`)."""
+
+    def __init__(self, results=(), record=None, wire=None):
+        super().__init__(results)
+        self.record, self.wire = record, wire
+
+
 @dataclass
 class RankRun:
     """What :func:`run_ranks` returns: per-rank results and per-rank communication logs."""
@@ -110,22 +125,30 @@ def _call_on_rank(call: bytes, per_rank_args, forbidden):
 
 
 def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout: float = 60,
-              forbidden=()) -> RankRun:
+              forbidden=(), network: str | None = None) -> RankRun:
     """Run ``fn`` on ``nprocs`` ranks, recording every ``torch.distributed`` call it makes.
 
     ``per_rank_args[r]`` (a tuple) are rank ``r``'s arguments; otherwise every rank gets
     ``args``. ``forbidden`` names APIs that raise "not allowed in this exercise" while ``fn``
-    runs (see :func:`distlab.grade.forbid.forbid`).
+    runs (see :func:`distlab.grade.forbid.forbid`). ``network="relay"``: the ranks talk only
+    through the grader's relay (:mod:`distlab.relay`), in the student's kernel as in the
+    grader, and ``results.record`` holds what it saw them send (:func:`assert_ring`,
+    :func:`assert_relay_bytes`, :func:`assert_relay_calls` check it).
     """
     from distlab.grade import wire
+    from distlab.relay import record
     from distlab.runtime import run, serialize
 
     if per_rank_args is not None and len(per_rank_args) != nprocs:
         raise ValueError(f"per_rank_args has {len(per_rank_args)} entries for {nprocs} ranks")
     call = serialize.dumps_call(fn, tuple(args), dict(kwargs or {}))  # unpickled on the rank after forbid
-    with wire.measure(nprocs) as measured:   # counted outside the ranks, when grading
-        pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout)
-    return RankRun(results=[p[0] for p in pairs], comm=RankLogs([p[1] for p in pairs], wire=measured))
+    if network not in (None, "relay"):
+        raise ValueError(f"network must be None or 'relay', got {network!r}")
+    with wire.measure(nprocs) as measured, record.capture() as seen:   # counted outside the ranks
+        pairs = run.run(_call_on_rank, call, per_rank_args, list(forbidden), nprocs=nprocs, timeout=timeout,
+                        backend=network)
+    results = RankResults([p[0] for p in pairs], seen if network == "relay" else None, measured)
+    return RankRun(results=results, comm=RankLogs([p[1] for p in pairs], wire=measured))
 
 
 # -- values and gradients -------------------------------------------------------------------------

@@ -21,6 +21,12 @@ The bytes each run puts on the wire are counted here too, by the operating syste
 sandbox's private loopback (:mod:`distlab.grade.wire`): a test that limits the bytes a rank
 sends checks that count as well as the ranks' own record, which their code can edit.
 
+Where a test runs its ranks on the relay (``checks.run_ranks(..., network="relay")``, chapters
+0, 2 and 3), this process is their network: each rank's only link to the others is one end of
+a socket pair whose other end a router thread here serves (:mod:`distlab.relay`), and the test
+reads that router's record of every message and collective, which no rank can reach: it lives
+in this process's memory, and this process is not dumpable.
+
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
 or ``distlab.grade.checks`` there, or silencing tracebacks, changes nothing here. Hidden tests
 draw their inputs from a seed chosen here (:func:`distlab.grade.checks.grading_seed`).
@@ -53,6 +59,8 @@ import signal
 import sys
 import time
 import traceback
+
+from distlab.grade.warm_ranks import LAUNCHER, WarmRanks  # noqa: F401 - part of this module's API
 
 OUTPUT_LIMIT_CHARS = 20_000
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -91,6 +99,7 @@ class TestNamespace(dict):
         self.student_cells: list[str] = []
         self._values: dict[str, dict] = {}
         self.values_nprocs = lambda: 1  # how many ranks the values run takes (a warm size is free)
+        self.values_backend = lambda: None  # and on which backend (the relay's pool may be the warm one)
 
     def __missing__(self, name):
         if hasattr(builtins, name) or name.startswith("__"):
@@ -117,7 +126,8 @@ class TestNamespace(dict):
             import distlab
             from distlab.grade import sandbox
 
-            self._values[key] = distlab.run(sandbox.fetch_values, cells, nprocs=self.values_nprocs(), timeout=60)[0]
+            self._values[key] = distlab.run(sandbox.fetch_values, cells, nprocs=self.values_nprocs(),
+                                            backend=self.values_backend(), timeout=60)[0]
         return self._values[key]
 
 
@@ -209,55 +219,11 @@ def _run_test_cell(namespace: TestNamespace, grade_id: str, source: str, timeout
     return {"passed": error is None, "outputs": outputs}
 
 
-LAUNCHER = "fork"
-"""How the clean room starts its ranks: forked from one process that imported torch once
-(:mod:`distlab.runtime.launchers.forked`). A notebook's ranks serve only its own tests and are
-thrown away after it, so a class of N notebooks starts 2N pools: with torchrun each rank would
-import torch again (a 4-rank pool: ~13 s of CPU instead of ~3 s, measured side by side by
-``benchmarks/launch.py``). The agents themselves are spares the clean room forks before it
-reads its job (:mod:`distlab.runtime.launchers.spares`): a pool then starts without a new
-Python importing torch (``benchmarks/launch.py``, 4 ranks on 2 loaded cores: 0.52 s and 0.21 s
-of CPU per launch instead of 4.7 s and 2.1 s)."""
-
 SPARE_AGENTS = 3
 """Spare agents forked at the start: a notebook's tests start one pool per world size they use
 (usually two or three) and a new one after a call that broke its ranks; past these, an agent
 starts as a new process."""
 
-
-class WarmRanks:
-    """One warm :class:`distlab.Pool` per world size, for the tests of one notebook.
-
-    A cold run pays seconds of starting ranks; a notebook's tests make a dozen runs. The pools
-    start with the instructor's caps (``start_steps``) and each call still runs under the
-    guard. Between calls the ranks put back what :mod:`distlab.runtime.isolation` watches. A
-    call that times out, or fails with a rank inside a collective, ends its pool (see
-    :class:`distlab.Pool`) and the next call gets new ranks; a blank answer that raises
-    ``NotImplementedError`` on every rank keeps them. A pool older than half the ranks'
-    wall-clock cap is replaced before it could run into that cap.
-    """
-
-    def __init__(self, start_steps: list[dict], max_age_s: float):
-        self.start_steps, self.max_age_s = start_steps, max_age_s
-        self.pools: dict = {}
-
-    def ready(self, nprocs: int) -> None:
-        from distlab.runtime.pool import Pool
-
-        pool = self.pools.get(nprocs)
-        if pool is not None and pool.running and time.monotonic() - pool.started_at < self.max_age_s:
-            return
-        if pool is not None:
-            pool.stop(gracefully=False)
-        self.pools[nprocs] = Pool(nprocs, start_setup=self.start_steps, launcher=LAUNCHER).activate()
-
-    def smallest_running(self) -> int:
-        """The smallest world size with warm ranks (1 if none): where a one-off run costs least."""
-        return min((n for n, pool in self.pools.items() if pool.running), default=1)
-
-    def stop(self) -> None:
-        for pool in self.pools.values():
-            pool.stop(gracefully=False)
 
 
 def grade(job: dict) -> dict:
@@ -276,10 +242,12 @@ def grade(job: dict) -> dict:
     warm = WarmRanks(once, max_age_s=(caps.get("wall_s") or 600) / 2)
 
     def run_encoded(fn, *args, **kwargs):
-        nprocs = kwargs.get("nprocs", 2)
-        plain = all(kwargs.get(k) in (None, "auto") for k in ("backend", "threads", "launcher"))
+        nprocs, backend = kwargs.get("nprocs", 2), kwargs.get("backend")
+        plain = all(kwargs.get(k) in (None, "auto") for k in ("threads", "launcher")) \
+            and backend in (None, "auto", "relay")
         if plain and isinstance(nprocs, int) and 1 <= nprocs <= 8:
-            warm.ready(nprocs)  # otherwise real_run starts cold ranks, with the same caps
+            warm.ready(nprocs, "relay" if backend == "relay" else None)  # else: cold ranks, same caps
+            kwargs["backend"] = "relay" if backend == "relay" else None
             kwargs["launcher"] = LAUNCHER  # the warm pool's: distlab.run picks it by launcher too
         return real_run(sandbox.encoded_call, fn, *args, **kwargs)
 
@@ -290,6 +258,7 @@ def grade(job: dict) -> dict:
     tests = {c["grade_id"]: c["source"] for c in job["test_cells"]}
     namespace = TestNamespace()
     namespace.values_nprocs = warm.smallest_running
+    namespace.values_backend = warm.backend_of_smallest
     student_cells, verdicts = [], {}
     for cell in job["cells"]:
         grade_id = cell.get("grade_id")

@@ -35,16 +35,20 @@ collectives from point-to-point messages forbids them all (chapter 2). Put the n
 notebook's ``FORBIDDEN`` (and metadata) as they are: the tests compare the two lists."""
 
 
-def on_ranks(fn, yours, cases, nprocs: int, forbidden=(), given=None, timeout: float = 120) -> list[list]:
+def on_ranks(fn, yours, cases, nprocs: int, forbidden=(), given=None, timeout: float = 120,
+             network: str | None = None) -> list[list]:
     """``fn(*yours, *case)`` for every case, all in one launch of ``nprocs`` ranks, with
     ``forbidden`` switched off: ``results[case][rank]``.
 
     ``yours``: the student's functions or classes, passed along explicitly (see the module's
-    docstring); ``given``: ``{name: reference}`` for earlier tasks (``EARLIER_TASKS``).
+    docstring); ``given``: ``{name: reference}`` for earlier tasks (``EARLIER_TASKS``);
+    ``network="relay"``: on the grader's network, whose record of the whole launch (every case)
+    the returned list carries as ``.record`` (:func:`distlab.grade.checks.run_ranks`).
     """
     per_rank = checks.run_ranks(_each_case, nprocs=nprocs, args=(fn, tuple(yours), cases, given),
-                                forbidden=forbidden, timeout=timeout).results
-    return [[per_rank[rank][i] for rank in range(nprocs)] for i in range(len(cases))]
+                                forbidden=forbidden, timeout=timeout, network=network).results
+    return checks.RankResults([[per_rank[rank][i] for rank in range(nprocs)] for i in range(len(cases))],
+                              per_rank.record, per_rank.wire)
 
 
 def _each_case(fn, yours, cases, given=None):

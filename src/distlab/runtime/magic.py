@@ -165,7 +165,8 @@ class DistributedMagics(Magics):
         elif args.action == "status":
             pools = pool.active_pools()
             print("distlab: no active pool" if not pools else
-                  "distlab: active pools: " + ", ".join(f"{n} ranks" for n in sorted(pools)))
+                  "distlab: active pools: " + ", ".join(f"{p.nprocs} ranks" + (f" ({p.backend})" if p.backend else "")
+                                                      for _, p in sorted(pools.items(), key=lambda kv: str(kv[0]))))
         else:
             raise ValueError("use %distributed start -n N, %distributed stop, %distributed status "
                              "or %distributed --timeout S")

@@ -28,7 +28,8 @@ from distlab.runtime import rundir
 MAX_NPROCS = 64
 """The most ranks one local run may start (8 processes on 2 cores already crawl)."""
 
-BACKENDS = (None, "auto", "gloo", "nccl")
+BACKENDS = (None, "auto", "gloo", "nccl", "relay")
+"""``"relay"``: every message through a router in the calling process (:mod:`distlab.relay`)."""
 WHEN = ("start", "joined", "call")
 """When a setup step runs on a rank (see :func:`rank_setup`); ``start`` and ``joined`` steps
 run once per rank, so they belong to a pool's ranks, ``call`` steps to each call."""
@@ -48,7 +49,7 @@ def check_arguments(fn, nprocs, timeout, backend, threads) -> None:
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of None, 'gloo' or 'nccl', got {backend!r}")
+        raise ValueError(f"backend must be one of None, 'gloo', 'nccl' or 'relay', got {backend!r}")
     if backend == "nccl":
         import torch
 

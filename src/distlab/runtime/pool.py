@@ -44,7 +44,7 @@ from distlab.runtime.launchers import shared
 START_TIMEOUT = 180.0
 """Seconds the ranks of a pool may take to start (4 ranks importing torch on 2 busy cores)."""
 
-_active: dict[int, "Pool"] = {}   # nprocs -> the pool distlab.run uses for that many ranks
+_active: dict[tuple, "Pool"] = {}   # (nprocs, backend) -> the pool distlab.run uses for that many ranks
 _no_pools = contextvars.ContextVar("distlab_no_pools", default=False)
 
 
@@ -87,7 +87,7 @@ class Pool:
         self.calls = 0
         self.started_at = time.monotonic()
         try:
-            job_class = launchers.choose(self.launcher)
+            job_class = launchers.choose(self.launcher, self.backend)
             self.job = job_class(self.run_dir, self.nprocs, START_TIMEOUT, self.backend, self.threads, pool=True)
             self.job.wait_until_ready(START_TIMEOUT)
         except BaseException:
@@ -103,8 +103,8 @@ class Pool:
         Either way it returns once every process the pool started is gone.
         """
         self._discard(gracefully)
-        if _active.get(self.nprocs) is self:
-            del _active[self.nprocs]
+        if _active.get(self._key) is self:
+            del _active[self._key]
 
     def _discard(self, gracefully: bool = False) -> None:
         job, self.job = self.job, None
@@ -118,10 +118,10 @@ class Pool:
     def activate(self) -> "Pool":
         """Start the pool and make :func:`distlab.run` use it for runs with ``nprocs`` ranks."""
         self.start()
-        old = _active.get(self.nprocs)
+        old = _active.get(self._key)
         if old is not None and old is not self:
             old.stop()
-        _active[self.nprocs] = self
+        _active[self._key] = self
         return self
 
     def __enter__(self) -> "Pool":
@@ -129,6 +129,12 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    @property
+    def _key(self) -> tuple:
+        """Where :func:`distlab.run` finds it: one active pool per size and backend (gloo's and the
+        relay's pools of the same size serve different runs)."""
+        return (self.nprocs, self.backend)
 
     @property
     def running(self) -> bool:
@@ -182,8 +188,8 @@ def active_pool(nprocs: int, backend, threads, launcher: str) -> Pool | None:
     """
     if _no_pools.get():
         return None
-    pool = _active.get(nprocs)
-    if pool is None or pool.backend != backend or pool.launcher != launcher:
+    pool = _active.get((nprocs, backend))
+    if pool is None or pool.launcher != launcher:
         return None
     if threads != pool.threads:
         return None
@@ -192,9 +198,10 @@ def active_pool(nprocs: int, backend, threads, launcher: str) -> Pool | None:
     return pool
 
 
-def active_pools() -> dict[int, Pool]:
-    """``{nprocs: pool}`` of the pools :func:`distlab.run` uses now."""
-    return dict(_active)
+def active_pools() -> dict:
+    """``{nprocs: pool}`` of the pools :func:`distlab.run` uses now (``{(nprocs, backend): pool}`` for
+    a pool with a backend named, such as the relay's)."""
+    return {(n if backend is None else (n, backend)): p for (n, backend), p in _active.items()}
 
 
 def start_pool(nprocs: int = 2, **options) -> Pool:

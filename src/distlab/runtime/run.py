@@ -43,7 +43,9 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
             counted (a cold start costs ~4 s for 2 ranks and ~7 s for 4 on 2 CPU cores); it
             has its own limit, ``DISTLAB_START_TIMEOUT`` (default 180 s).
         backend: ``None`` picks NCCL when every rank can have its own GPU, gloo otherwise;
-            or ``"gloo"`` / ``"nccl"`` explicitly.
+            or ``"gloo"`` / ``"nccl"`` explicitly; or ``"relay"``: every message and collective goes
+            through a router in this process, which records it (:mod:`distlab.relay`; what the
+            exercises' tests use, on the fork launcher).
         threads: torch threads per rank; default ``max(1, cores // ranks on the node)``,
             decided on the node each rank runs on.
         seed: every rank seeds ``random``, ``torch`` (and ``numpy`` if loaded) with it.
@@ -71,7 +73,7 @@ def run(fn, *args, nprocs: int = 2, timeout: float = 60.0, backend: str | None =
     if pool is not None:
         return pool.run(fn, *args, timeout=timeout, seed=seed, **kwargs)
     options.check_arguments(fn, nprocs, timeout, backend, threads)
-    job_class = launchers.choose(launcher)
+    job_class = launchers.choose(launcher, backend)
     blob = serialize.dumps_call(fn, args, kwargs)
     run_dir = files.new_run_dir("run")
     try:

@@ -18,8 +18,9 @@ import os
 NAMES = ("local", "fork", "srun", "sbatch")
 
 
-def choose(name: str) -> type:
-    """The job class for a launcher name.
+def choose(name: str, backend: str | None = None) -> type:
+    """The job class for a launcher name (and backend: ``"relay"`` runs on the fork launcher only,
+    whose agent hands each rank its end of the router, :mod:`distlab.relay`).
 
     ``"auto"`` means: ``$DISTLAB_LAUNCHER`` if set; else ``"srun"`` inside a Slurm allocation
     (``SLURM_JOB_ID`` set and ``srun`` installed: a shell from ``salloc``, a batch job, a
@@ -27,6 +28,10 @@ def choose(name: str) -> type:
     """
     from distlab.runtime.launchers.slurm.commands import in_allocation
 
+    if backend == "relay":
+        if name not in ("auto", "fork"):
+            raise ValueError(f"backend='relay' runs with launcher 'fork' (or 'auto'), not {name!r}")
+        name = "fork"
     if name == "auto":
         name = os.environ.get("DISTLAB_LAUNCHER") or ("srun" if in_allocation() else "local")
     if name == "local":

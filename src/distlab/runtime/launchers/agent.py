@@ -19,18 +19,27 @@ from distlab.runtime import private_network, processes
 from distlab.runtime import rundir as files
 from distlab.runtime.launchers import spares
 
+RELAY_FDS = "DISTLAB_RELAY_FDS"
+"""The agent's environment variable naming the ranks' relay descriptors, rank 0 first."""
+
 
 class Agent:
     """A launcher's agent process and its log."""
 
     def __init__(self, command: list[str], env: dict[str, str], run_dir: Path, spare: bool = False,
-                 private: bool = False):
+                 private: bool = False, fds=()):
         """``spare``: if this process keeps spare agents (:mod:`~distlab.runtime.launchers.spares`),
         one of them becomes this agent instead of a new process. ``private``: the agent starts in a
-        network of its own (every rank on this machine; a spare is already where its keeper is)."""
+        network of its own (every rank on this machine; a spare is already where its keeper is).
+        ``fds``: descriptors the agent inherits, their numbers in ``$DISTLAB_RELAY_FDS``
+        (:data:`RELAY_FDS`): the ranks' ends of the relay."""
         self.run_dir = Path(run_dir)
         self.log = open(self.run_dir / files.AGENT_LOG, "wb")
-        self.process = spares.take(command, env, os.getcwd(), self.run_dir / files.AGENT_LOG) if spare else None
+        self.fds = list(fds)
+        if self.fds:
+            env = dict(env, **{RELAY_FDS: ",".join(map(str, self.fds))})
+        self.process = (spares.take(command, env, os.getcwd(), self.run_dir / files.AGENT_LOG, self.fds, RELAY_FDS)
+                        if spare else None)
         if self.process is None and private and private_network.wanted():
             hosts = private_network.hosts_file(str(self.run_dir))
 
@@ -51,7 +60,8 @@ class Agent:
 
     def _start(self, command: list[str], env: dict[str, str], preexec) -> subprocess.Popen:
         return subprocess.Popen(command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=self.log,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec,
+                                pass_fds=self.fds)
 
     def poll(self) -> int | None:
         """``None`` while it runs (what the watcher asks of every agent)."""

@@ -13,7 +13,9 @@ Everything else is as torchrun does it on one node with ``--max-restarts=0``, so
 * **Rendezvous.** The agent hosts the store (a ``TCPStore`` on a free port, as
   torchrun's agent does) and gives each rank torchrun --standalone's variables: ``RANK``, ``LOCAL_RANK``,
   ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE`` and the
-  rest, so ``init_process_group()`` reads its usual ``env://`` settings.
+  rest, so ``init_process_group()`` reads its usual ``env://`` settings. On the relay
+  (``backend="relay"``, :mod:`distlab.relay`) there is no store: the agent inherits one end of
+  the router per rank, each rank keeps its own and closes the others', and the agent keeps none.
 * **Failure.** The first rank to exit with an error ends the others (SIGTERM, then SIGKILL
   after a grace period) and the agent exits with 1 after printing torchrun's failure lines
   (``rank : 1`` / ``exitcode : -9``), which :func:`~.torchrun.exit_code_from_log` reads.
@@ -57,10 +59,44 @@ def forked_command(nprocs: int, run_dir: Path, pool: bool = False) -> list[str]:
 
 
 class ForkedJob(LocalJob):
-    """A :class:`~.local.LocalJob` whose agent forks its ranks instead of running torchrun."""
+    """A :class:`~.local.LocalJob` whose agent forks its ranks instead of running torchrun.
+
+    With ``backend="relay"`` the job also owns the run's :class:`~distlab.relay.router.Router`,
+    in this process: the agent inherits one end of the router per rank and gives each rank its
+    own (see :func:`_become_rank`); the router lives until the job stops.
+    """
 
     agent_command = staticmethod(forked_command)
     spare_agents = True
+
+    def __init__(self, run_dir: Path, nprocs: int, timeout: float, backend, threads: int | None,
+                 pool: bool = False):
+        self.router = None
+        if backend == "relay":
+            from distlab.relay.router import Router
+
+            self.router = Router(nprocs)
+        try:
+            super().__init__(run_dir, nprocs, timeout, backend, threads, pool)
+        except BaseException:
+            self._stop_router()
+            raise
+        if self.router is not None:
+            self.router.launched()      # the agent holds the ranks' ends now; ours would keep them open
+
+    def _agent_fds(self) -> list[int]:
+        return self.router.rank_fds() if self.router is not None else []
+
+    def stop(self, gracefully: bool | None = None) -> None:
+        try:
+            super().stop(gracefully)
+        finally:
+            self._stop_router()
+
+    def _stop_router(self) -> None:
+        router, self.router = self.router, None
+        if router is not None:
+            router.stop()
 
 
 # -- the agent ------------------------------------------------------------------------------------
@@ -73,6 +109,7 @@ def preload(pool: bool) -> None:
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
+    import distlab.relay.backend  # noqa: F401
     import distlab.runtime.worker  # noqa: F401
     from distlab.runtime import devices, serialize  # noqa: F401
     from distlab.tools import comm  # noqa: F401
@@ -95,11 +132,34 @@ def _rank_environment(rank: int, nprocs: int, port: int) -> dict[str, str]:
     }
 
 
+def _relay_fds() -> list[int]:
+    from distlab.runtime.launchers.agent import RELAY_FDS
+
+    return [int(fd) for fd in os.environ.get(RELAY_FDS, "").split(",") if fd]
+
+
+def _keep_own_relay_end(rank: int) -> None:
+    """In rank ``rank``: keep its end of the router (``$DISTLAB_RELAY_FD``) and close every other
+    rank's, so that no rank can read another's messages or write in its name."""
+    from distlab.relay.backend import RELAY_FD
+    from distlab.runtime.launchers.agent import RELAY_FDS
+
+    fds = _relay_fds()
+    os.environ.pop(RELAY_FDS, None)
+    if not fds:
+        return
+    for other, fd in enumerate(fds):
+        if other != rank:
+            os.close(fd)
+    os.environ[RELAY_FD] = str(fds[rank])
+
+
 def _become_rank(rank: int, nprocs: int, port_pipe: int, run_dir: str, pool: bool) -> None:
     """In the forked child: wait for the store's port, then be rank ``rank``. Never returns."""
     from distlab.runtime import processes, worker
 
     try:
+        _keep_own_relay_end(rank)
         processes.die_with_parent()
         processes.set_name(f"distlab-rank{rank}")   # its command line is the agent's
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -180,10 +240,15 @@ def main(argv: list[str]) -> int:
                 _become_rank(rank, nprocs, reader, run_dir, pool)
             ranks[pid] = rank
         os.close(reader)
-        from torch.distributed import TCPStore
+        for fd in _relay_fds():           # each rank has its own end now; the agent keeps none
+            os.close(fd)
+        port = 0
+        if not _relay_fds():              # on the relay the ranks share no store: they are given none
+            from torch.distributed import TCPStore
 
-        store = TCPStore("localhost", 0, None, True, wait_for_workers=False)   # noqa: F841 - kept alive
-        os.write(writer, f"{store.port:0{_PORT_RECORD}d}".encode() * nprocs)
+            store = TCPStore("localhost", 0, None, True, wait_for_workers=False)   # noqa: F841 - kept alive
+            port = store.port
+        os.write(writer, f"{port:0{_PORT_RECORD}d}".encode() * nprocs)
         os.close(writer)
         while ranks:
             pid, status = os.waitpid(-1, 0)   # also reaps what a rank left to us

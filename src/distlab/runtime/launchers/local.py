@@ -41,9 +41,13 @@ class LocalJob:
         # Same machine: size threads from our cores (torchrun would otherwise set 1 and warn).
         threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
         self.agent = Agent(self.agent_command(nprocs, run_dir, pool), agent_environment(run_dir, backend, threads),
-                           run_dir, spare=self.spare_agents, private=True)
+                           run_dir, spare=self.spare_agents, private=True, fds=self._agent_fds())
         self.watcher = Watcher(run_dir, nprocs, self.agent, self._explain_end, agent_pid=self.agent.pid,
                                ranks_here=True)
+
+    def _agent_fds(self) -> list[int]:
+        """Descriptors the agent must inherit (none for torchrun)."""
+        return []
 
     def wait(self, call_dir: Path | None = None, timeout: float | None = None) -> list:
         """Watch one call (see :meth:`Watcher.wait`); return the results in rank order."""

@@ -7,12 +7,13 @@ one). A process that has already imported torch can instead *fork* agents, which
 nothing to start. But a forked child starts with a copy of its parent's memory, and the clean
 room's memory holds what the ranks must never see (the hidden tests, the verdict's pipe). So
 the clean room forks its spares first thing, before it reads its job, when its memory holds
-nothing but imported modules; each spare waits on a pipe until a job needs an agent, then
+nothing but imported modules; each spare waits on a socket pair until a job needs an agent, then
 becomes exactly what the agent's command, ``python -m distlab.runtime.launchers.forked ...``,
 would be:
 
 * its descriptors are 0, 1 and 2 only (standard input is ``/dev/null``, the others the agent's
-  log), so nothing the parent opens later (the job, the verdict's pipe) reaches it;
+  log), so nothing the parent opens later (the job, the verdict's pipe) reaches it, except
+  the descriptors the job itself hands over (``SCM_RIGHTS``: the relay's ends, :mod:`distlab.relay`);
 * its environment, folder and command are the ones the job gives it, its output unbuffered
   (``PYTHONUNBUFFERED``, which a new Python would have read at start);
 * it is dumpable again (a new program would be; the clean room is not), in a session of its
@@ -41,6 +42,7 @@ import io
 import json
 import os
 import runpy
+import socket
 import subprocess
 import sys
 import threading
@@ -49,7 +51,7 @@ from pathlib import Path
 
 from distlab.runtime import processes
 
-_spares: list[tuple[int, int]] = []   # (pid, write end of its pipe), oldest first
+_spares: list[tuple[int, int]] = []   # (pid, our end of its socket pair), oldest first
 
 
 def keep(count: int) -> int:
@@ -66,12 +68,14 @@ def keep(count: int) -> int:
         return 0
     made = 0
     for _ in range(count):
-        reader, writer = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)   # can carry descriptors
         pid = os.fork()
         if pid == 0:
-            os.close(writer)
+            reader = theirs.detach()
+            ours.close()
             _serve(reader)                 # never returns
-        os.close(reader)
+        theirs.close()
+        writer = ours.detach()
         os.set_inheritable(writer, False)
         _spares.append((pid, writer))
         made += 1
@@ -82,23 +86,29 @@ def available() -> int:
     return len(_spares)
 
 
-def take(command: list[str], env: dict[str, str], cwd: str, log: Path) -> SpareProcess | None:
+def take(command: list[str], env: dict[str, str], cwd: str, log: Path, fds=(),
+         fds_variable: str = "") -> SpareProcess | None:
     """Hand the oldest spare an agent's ``command`` (``[sys.executable, "-m", module, ARGS...]``);
     None if the command is not of that form, or no spare is left (or it died meanwhile): then
-    start the agent the usual way."""
+    start the agent the usual way.
+
+    ``fds``: descriptors the agent must have (what ``pass_fds`` gives a new process); they travel
+    with the job (``SCM_RIGHTS``), and the agent finds their numbers, comma-separated, in its
+    environment variable ``fds_variable``."""
     if command[:2] != [sys.executable, "-m"] or len(command) < 3:
         return None
     while _spares:
         pid, writer = _spares.pop(0)
-        job = memoryview(json.dumps({"module": command[2], "argv": command[3:], "env": env, "cwd": cwd,
-                                     "log": str(log)}).encode())
-        try:
-            while job:                     # the job, then EOF: the spare reads to the end
-                job = job[os.write(writer, job):]
+        job = json.dumps({"module": command[2], "argv": command[3:], "env": env, "cwd": cwd,
+                          "log": str(log), "fds_variable": fds_variable}).encode()
+        channel = socket.socket(fileno=writer)
+        try:                               # the descriptors ride on the first byte, then the job, then EOF
+            socket.send_fds(channel, [job[:1]], list(fds))
+            channel.sendall(job[1:])
         except OSError:                    # it is gone (killed with everything below us, say)
             continue
         finally:
-            os.close(writer)
+            channel.close()
         return SpareProcess(pid, command)
     return None
 
@@ -144,12 +154,15 @@ def _serve(reader: int) -> None:
             os.close(nothing)
         os.closerange(3, reader)
         os.closerange(reader + 1, _max_fd())
-        job = b""
-        while chunk := os.read(reader, 1 << 16):
+        channel = socket.socket(fileno=reader)
+        job, fds, _, _ = socket.recv_fds(channel, 1, 256)
+        while chunk := channel.recv(1 << 16):
             job += chunk
         if not job:                        # the parent went away without a job for us
             os._exit(0)
         job = json.loads(job)
+        if job.get("fds_variable"):
+            job["env"][job["fds_variable"]] = ",".join(map(str, fds))
         os.setsid()
         processes.set_name("distlab-agent")
         processes.become_subreaper()
@@ -161,7 +174,7 @@ def _serve(reader: int) -> None:
         for fd in (1, 2):
             os.dup2(log, fd)
         os.close(log)
-        os.close(reader)
+        channel.close()
         sys.stdout, sys.stderr = _unbuffered(1), _unbuffered(2)
         sys.argv = [sys.executable, *job["argv"]]   # runpy puts the module's file first
         try:

@@ -1,0 +1,99 @@
+"""Checks on what the grader's network saw: the exercises' communication rules, as facts.
+
+A run made with ``checks.run_ranks(..., network="relay")`` goes through the relay
+(:mod:`distlab.relay`): its results carry ``.record``, every message and collective the ranks
+sent, written down by the router outside the ranks. The checks here read that record, never
+the ranks' own (:mod:`distlab.tools.comm`, which a rank's code can reach around or edit):
+
+* :func:`assert_ring`: chapter 2's rule, a ring (only to the right neighbour, ``N-1`` chunk-sized
+  messages per pass, no built-in collective), and nothing on the loopback besides (see
+  :func:`assert_quiet_loopback`);
+* :func:`assert_relay_bytes`: a byte limit per rank (chapter 0), counted exactly, so with no
+  allowance at all;
+* :func:`assert_relay_calls`: the collectives each rank called, in order, with their sizes
+  (chapter 3's buckets).
+
+All raise :class:`~distlab.grade.failures.CheckFailed` with a message a student may read. A run
+that was not on the relay fails them too: a test that forgot ``network="relay"`` must not pass
+by default.
+"""
+
+from __future__ import annotations
+
+from distlab.grade.failures import CheckFailed
+from distlab.relay import record as relay_record
+
+QUIET_BYTES_PER_RANK = 2 * 1024
+"""What the loopback may carry per rank during a run on the relay, which uses none of it: room
+for stray packets, and for idle gloo pools of the same notebook (besides
+:data:`distlab.grade.wire.PER_SECOND_BYTES` per rank per second). A gloo process group of the
+ranks' own costs more than this in hand-shakes alone (a store: 9 to 10 KB per rank)."""
+
+
+def record_of(results) -> relay_record.Record:
+    """The relay's record of a run (the ``results`` of :func:`distlab.grade.checks.run_ranks`)."""
+    seen = getattr(results, "record", None)
+    if seen is None:
+        raise CheckFailed("this run was not on the grader's network: run it with run_ranks(..., network='relay')")
+    return seen
+
+
+def assert_ring(results, n: int, cases: list[tuple], what: str = "a ring") -> None:
+    """Every rank's messages, case by case, are a ring's (see :func:`distlab.relay.record.check_ring`):
+    ``cases`` is ``(numel, itemsize, passes)`` per case, in the order the run made them."""
+    try:
+        relay_record.check_ring(record_of(results), n, cases, what)
+    except relay_record.RecordMismatch as exc:
+        raise CheckFailed(str(exc)) from None
+    assert_quiet_loopback(results, n)
+
+
+def assert_quiet_loopback(results, n: int) -> None:
+    """While the ranks ran on the relay, the sandbox's loopback stayed (almost) silent.
+
+    The relay uses descriptors, not the network: bytes on the loopback (counted by the
+    operating system, :mod:`distlab.grade.wire`, where the grader meters it) are a channel the
+    grader does not own, such as a gloo process group on a store of the ranks' own. Where the
+    loopback is not metered (a student's kernel), there is nothing to check. Once each graded
+    rank has a network of its own (none), no such channel is left at all.
+    """
+    from distlab.grade import wire
+
+    measured = getattr(results, "wire", None)
+    if measured is None or measured.sent is None:
+        return
+    allowed = int(n * (QUIET_BYTES_PER_RANK + wire.PER_SECOND_BYTES * measured.seconds))
+    if measured.sent > allowed:
+        raise CheckFailed(f"the ranks put {measured.sent} bytes on the sandbox's network (counted by the operating "
+                          f"system, at most {allowed} allowed): the grader's network does not use it, so something "
+                          "went around it")
+
+
+def assert_relay_bytes(results, n: int, max_bytes_sent: int) -> None:
+    """No rank sent more than ``max_bytes_sent`` bytes through the grader's network: its messages,
+    plus its share of each collective under :mod:`distlab.tools.comm_bytes`'s rules."""
+    seen = record_of(results)
+    for rank in range(n):
+        sent = seen.sent_by(rank)
+        if sent > max_bytes_sent:
+            raise CheckFailed(f"rank {rank} sent {sent} bytes through the grader's network (counted there, outside "
+                              f"the ranks); the most this needs is {max_bytes_sent} bytes. What it saw: "
+                              f"{seen.describe()}")
+
+
+def assert_relay_calls(results, n: int, expected: list[tuple[str, int]], what: str = "the step",
+                       besides: tuple = ()) -> None:
+    """Each rank called exactly the collectives ``expected``, ``[(op, bytes of its tensor)]`` in order,
+    and sent no point-to-point message. Calls of the ops in ``besides`` (a setup's broadcasts, say)
+    may come anywhere, in any number."""
+    seen = record_of(results)
+    if seen.messages():
+        raise CheckFailed(f"{what} sent point-to-point messages ({seen.describe()}); it uses collectives only")
+    for rank in range(n):
+        made = [(op, size) for op, size in seen.collective_calls(rank) if op not in besides]
+        if made != list(expected):
+            shown = ", ".join(f"{op} of {size} bytes" for op, size in made[:8]) or "none"
+            want = ", ".join(f"{op} of {size} bytes" for op, size in expected[:8])
+            raise CheckFailed(f"rank {rank}'s collectives, as the grader's network saw them: {shown}"
+                              f"{' ...' if len(made) > 8 else ''}; {what} calls {want}"
+                              f"{' ...' if len(expected) > 8 else ''}")

@@ -1,0 +1,323 @@
+"""The rank's side of the relay: a ``torch.distributed`` backend that talks only to the router.
+
+``init_process_group()`` here (what the worker calls when a run asks for ``backend="relay"``)
+joins a process group whose every operation, point-to-point or collective, is a frame
+written to one descriptor (:mod:`distlab.relay.frames`) and answered on the same descriptor
+by the router (:mod:`distlab.relay.router`), which sees and records all of it.
+
+The contract with whatever starts the rank
+------------------------------------------
+* The rank inherits one end of a connected ``AF_UNIX`` stream socket (a ``socketpair``) from
+  its launch, and finds its number in the environment variable ``DISTLAB_RELAY_FD``
+  (:data:`RELAY_FD`). That descriptor is the rank's only link to the others.
+* ``RANK`` and ``WORLD_SIZE`` say who it is, as under torchrun. No ``MASTER_ADDR``, no port:
+  the process group's store is a :class:`torch.distributed.HashStore`, a dictionary inside
+  this one process, which can carry nothing between ranks (the backend never uses it).
+* So the backend needs no network, no store shared between ranks and no shared file: it
+  works unchanged in a rank that has no network at all, no ``/tmp`` or ``/dev/shm`` shared
+  with another rank, and no folder in common (the private room the grader gives each graded
+  rank). What a rank sends is recorded by the router from the descriptor it came in on.
+
+What it implements: ``send``/``recv`` (so ``isend``/``irecv`` and ``batch_isend_irecv``, which
+torch builds on them for backends without coalescing), and ``all_reduce``, ``broadcast``,
+``reduce``, ``all_gather`` (and ``all_gather_into_tensor``), ``reduce_scatter`` (and
+``reduce_scatter_tensor``), ``all_to_all`` (and ``all_to_all_single``), ``gather``, ``scatter``
+and ``barrier``, which the router performs centrally (:mod:`distlab.relay.collectives`). Groups
+made with ``new_group`` work too. A send returns once its bytes are with the router (an eager
+send, as gloo's for small messages); a receive waits until the message arrives.
+
+Not provided: torch's functional collectives (``torch.ops._c10d_functional``, what DTensor
+uses) and ``recv`` from any source; they fail with an error instead of going around the router.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+from distlab.relay import frames
+
+NAME = "relay"
+RELAY_FD = "DISTLAB_RELAY_FD"
+_REDUCTIONS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "product", "MIN": "min", "MAX": "max",
+               "BAND": "band", "BOR": "bor", "BXOR": "bxor"}
+
+
+class RelayError(RuntimeError):
+    """The router refused an operation, or the link to it is gone."""
+
+
+class _Work(dist._Work):
+    """One operation in flight; finished by the link's reader thread when the router answers."""
+
+    def __init__(self, what: str, on_arrival=None, done: bool = False):
+        super().__init__()
+        self.what, self._on_arrival = what, on_arrival
+        self._event, self._error = threading.Event(), None
+        self._future = torch.futures.Future()
+        if done:
+            self._future.set_result([])
+            self._event.set()
+
+    def complete(self, parts, payload) -> None:
+        try:
+            result = self._on_arrival(frames.decode(parts, payload)) if self._on_arrival else []
+        except Exception as exc:  # noqa: BLE001 - reported by wait(), on the rank's own thread
+            self.fail(str(exc))
+            return
+        self._future.set_result(result)
+        self._event.set()
+
+    def fail(self, message: str) -> None:
+        if self._event.is_set():
+            return
+        self._error = RelayError(f"{self.what}: {message}")
+        self._future.set_exception(self._error)
+        self._event.set()
+
+    def wait(self, timeout=None) -> bool:
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._error is None
+
+    def get_future(self):
+        return self._future
+
+
+class _Link:
+    """This process's end of the relay: one writer lock, one reader thread, the mailboxes."""
+
+    def __init__(self, fd: int):
+        self.sock = socket.socket(fileno=fd)
+        self.sock.setblocking(True)
+        self._send_lock, self._lock = threading.Lock(), threading.Lock()
+        self._arrived: dict[tuple, deque] = {}    # (src, tag) -> messages not yet received
+        self._posted: dict[tuple, deque] = {}     # (src, tag) -> receives waiting for a message
+        self._replies: dict[tuple, _Work] = {}    # (group, seq) -> collective waiting for its share
+        self._broken: str | None = None
+        threading.Thread(target=self._read_loop, name="distlab-relay-reader", daemon=True).start()
+
+    def send(self, header: dict, payload: list) -> None:
+        if self._broken:
+            raise RelayError(self._broken)
+        with self._send_lock:
+            frames.write(self.sock, header, payload)
+
+    def post_receive(self, work: _Work, src: int, tag: int) -> None:
+        with self._lock:
+            waiting = self._arrived.get((src, tag))
+            message = waiting.popleft() if waiting else None
+            if message is None:
+                self._posted.setdefault((src, tag), deque()).append(work)
+            broken = self._broken
+        if message is not None:
+            work.complete(*message)
+        elif broken:
+            work.fail(broken)
+
+    def expect_reply(self, key: tuple, work: _Work) -> None:
+        with self._lock:
+            self._replies[key] = work
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                header, payload = frames.read(self.sock)
+                self._dispatch(header, payload)
+        except (OSError, frames.BrokenFrame) as exc:
+            self._break(f"the link to the grader's network is gone ({exc})")
+
+    def _dispatch(self, header: dict, payload) -> None:
+        kind = header.get("k")
+        if kind == "msg":
+            key = (header["src"], header["tag"])
+            with self._lock:
+                waiting = self._posted.get(key)
+                work = waiting.popleft() if waiting else None
+                if work is None:
+                    self._arrived.setdefault(key, deque()).append((header["parts"], payload))
+            if work is not None:
+                work.complete(header["parts"], payload)
+        elif kind in ("done", "error"):
+            with self._lock:
+                work = self._replies.pop((header.get("group"), header.get("seq")), None)
+            if work is not None and kind == "done":
+                work.complete(header.get("parts", []), payload)
+            elif work is not None:
+                work.fail(header.get("message", "refused"))
+            elif kind == "error":
+                self._break(f"the router refused an operation: {header.get('message')}")
+
+    def _break(self, reason: str) -> None:
+        with self._lock:
+            self._broken = reason
+            works = [w for q in self._posted.values() for w in q] + list(self._replies.values())
+            self._posted.clear()
+            self._replies.clear()
+        for work in works:
+            work.fail(reason)
+
+
+_link: _Link | None = None
+
+
+def link() -> _Link:
+    """This process's link to the router, made from ``DISTLAB_RELAY_FD`` on first use."""
+    global _link
+    if _link is None:
+        fd = os.environ.get(RELAY_FD)
+        if not fd:
+            raise RelayError(f"backend 'relay' needs the descriptor named by ${RELAY_FD}, which this process "
+                             "was not given (the relay's ranks are started by distlab.run(..., backend='relay'))")
+        _link = _Link(int(fd))
+    return _link
+
+
+def _reduction(opts) -> str:
+    name = getattr(getattr(opts.reduceOp, "op", opts.reduceOp), "name", "")
+    if name not in _REDUCTIONS:
+        raise RelayError(f"the relay does not perform the reduction {name or opts.reduceOp!r}")
+    return _REDUCTIONS[name]
+
+
+def _copy_into(targets):
+    """An arrival handler copying the router's tensors into ``targets``, in order."""
+    def copy(tensors):
+        if len(tensors) != len(targets):
+            raise RelayError(f"the router answered with {len(tensors)} tensors for {len(targets)}")
+        for target, tensor in zip(targets, tensors):
+            if target.numel() != tensor.numel():
+                raise RelayError(f"received {tensor.numel()} elements into a tensor of {target.numel()}")
+            target.copy_(tensor.reshape(target.shape))
+        return list(targets)
+    return copy
+
+
+class RelayGroup(dist.ProcessGroup):
+    """A process group whose every operation goes through the router (see the module docstring)."""
+
+    def __init__(self, group_rank: int, group_size: int, global_ranks: list[int], group_id: int):
+        super().__init__(group_rank, group_size)
+        self._me, self._ranks, self._group_id, self._seq = group_rank, list(global_ranks), group_id, 0
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return NAME
+
+    # -- point to point --------------------------------------------------------------------------
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        parts, payload = frames.encode(tensors)
+        link().send({"k": "send", "dst": self._ranks[dst], "tag": tag, "parts": parts}, payload)
+        return _Work("send", done=True)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        work = _Work(f"recv from rank {self._ranks[src]}", _copy_into(tensors))
+        link().post_receive(work, self._ranks[src], tag)
+        return work
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise RelayError("recv without a source is not available on the relay: name the rank you receive from")
+
+    # -- collectives, performed by the router -------------------------------------------------------
+
+    def _collective(self, op: str, tensors, on_arrival, reduction: str = "sum", root: int = 0):
+        seq, self._seq = self._seq, self._seq + 1
+        parts, payload = frames.encode(tensors)
+        work = _Work(op, on_arrival)
+        link().expect_reply((self._group_id, seq), work)
+        link().send({"k": "coll", "op": op, "group": self._group_id, "ranks": self._ranks, "seq": seq,
+                     "reduction": reduction, "root": root, "parts": parts}, payload)
+        return work
+
+    def allreduce(self, tensors, opts=None):
+        return self._collective("all_reduce", tensors, _copy_into(tensors), _reduction(opts or dist.AllreduceOptions()))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root = (opts or dist.BroadcastOptions()).rootRank
+        return self._collective("broadcast", tensors if self._me == root else [], _copy_into(tensors), root=root)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        targets = tensors if self._me == opts.rootRank else []
+        return self._collective("reduce", tensors, _copy_into(targets), _reduction(opts), opts.rootRank)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return self._collective("all_gather", input_tensors, _copy_into(output_tensors[0]))
+
+    def all_gather_single(self, output, input, opts=None):
+        pieces = list(output.reshape(-1).split(input.numel())) if output.is_contiguous() else None
+        if pieces is None:
+            raise RelayError("all_gather_into_tensor needs a contiguous output tensor on the relay")
+        return self._collective("all_gather", [input], _copy_into(pieces))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        return self._collective("reduce_scatter", input_tensors[0], _copy_into(output_tensors),
+                                _reduction(opts or dist.ReduceScatterOptions()))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        pieces = list(input.reshape(-1).split(output.numel()))
+        return self._collective("reduce_scatter", pieces, _copy_into([output]),
+                                _reduction(opts or dist.ReduceScatterOptions()))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._collective("all_to_all", input_tensors, _copy_into(output_tensors))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self.size()
+        ins = list(input.split(list(input_split_sizes) or input.shape[0] // n))
+        outs = list(output.split(list(output_split_sizes) or output.shape[0] // n))
+        return self._collective("all_to_all", ins, _copy_into(outs))
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        targets = output_tensors[0] if self._me == opts.rootRank else []
+        return self._collective("gather", input_tensors, _copy_into(targets), root=opts.rootRank)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        parts = input_tensors[0] if self._me == opts.rootRank else []
+        return self._collective("scatter", parts, _copy_into(output_tensors), root=opts.rootRank)
+
+    def barrier(self, opts=None):
+        return self._collective("barrier", [], lambda tensors: [])
+
+    def __repr__(self) -> str:
+        return f"RelayGroup(rank {self._me} of ranks {self._ranks})"
+
+
+def _create(backend_options, _process_group_options=None) -> RelayGroup:
+    world = int(os.environ.get("WORLD_SIZE", backend_options.group_size))
+    ranks = list(backend_options.global_ranks_in_group) or list(range(world))
+    return RelayGroup(backend_options.group_rank, backend_options.group_size, ranks, backend_options.group_id)
+
+
+def register() -> None:
+    """Make ``"relay"`` a backend name ``torch.distributed`` knows (once per process)."""
+    if NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def init_process_group(timeout=None) -> None:
+    """Join the world's process group on the relay (``RANK``/``WORLD_SIZE`` from the environment)."""
+    import datetime
+
+    register()
+    link()
+    dist.init_process_group(NAME, store=dist.HashStore(), rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=timeout or datetime.timedelta(minutes=30))
