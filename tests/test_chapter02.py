@@ -197,11 +197,12 @@ def ring_all_reduce(tensor):
     return total.reshape(tensor.shape)
 '''
 
-# The relay's record alone cannot see this one: the data goes over a gloo process group the ranks
-# made from a TCPStore of their own, on the sandbox's loopback, and the relay carries a ring of
-# zeros. Today the loopback's byte counter catches it (the relay uses no network); once each
-# graded rank has no network at all, the store cannot even be made.
+# The relay's record alone cannot see this one: the data would go over a gloo process group the
+# ranks make from a TCPStore of their own, and the relay carries a ring of zeros. Each graded rank
+# is in a room of its own with no network at all (distlab.grade.rank_room), so the second rank
+# cannot even reach the first one's store; were the room off, the sandbox loopback's byte counter
+# would catch the traffic instead ("went around it", distlab.grade.relay_checks).
 test_a_gloo_group_of_the_ranks_own_behind_a_dummy_ring_scores_zero = gs.wrong_answers_test(
     SLUG, {"task3-answer": GLOO_OF_ITS_OWN_BEHIND_A_DUMMY_RING},
     {"task3-tests": "a sum over a gloo group of the ranks' own, behind a ring of zeros"},
-    reasons=["went around it"])
+    reasons=["Network is unreachable"])

@@ -158,6 +158,7 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     """Move this rank into its room (see the module's docstring); a ``joined`` setup step, run
     after the process group is up and before the first call."""
     from distlab.grade import limits
+    from distlab.relay import link as relay_link_module
     from distlab.runtime.rank_state import RankState
 
     libc = _libc()
@@ -169,6 +170,7 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     if state is not None:
         state.stop_thread()
     watchdogs = limits.pause_watchdogs()
+    relay_link = relay_link_module.paused_reader()   # the relay's reader thread, if this rank has one
     outside = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     if outside:
         raise RoomError(f"threads would stay outside the rank's private room: {', '.join(outside)}")
@@ -196,6 +198,7 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     os.chdir(cwd)
     _seal(libc)
     limits.resume_watchdogs(watchdogs)
+    relay_link_module.resume_reader(relay_link)
     if state is not None:
         state.start_thread()
 

@@ -33,156 +33,17 @@ uses) and ``recv`` from any source; they fail with an error instead of going aro
 from __future__ import annotations
 
 import os
-import socket
-import threading
-from collections import deque
 
-import torch
 import torch.distributed as dist
 
 from distlab.relay import frames
+from distlab.relay.link import RELAY_FD, RelayError, Work, link  # noqa: F401 - RELAY_FD: part of this module's contract
 
 NAME = "relay"
-RELAY_FD = "DISTLAB_RELAY_FD"
+STORE_WAIT_S = 2
+"""How long a ``get`` on the process group's (private) store waits for a key that is not there."""
 _REDUCTIONS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "product", "MIN": "min", "MAX": "max",
                "BAND": "band", "BOR": "bor", "BXOR": "bxor"}
-
-
-class RelayError(RuntimeError):
-    """The router refused an operation, or the link to it is gone."""
-
-
-class _Work(dist._Work):
-    """One operation in flight; finished by the link's reader thread when the router answers."""
-
-    def __init__(self, what: str, on_arrival=None, done: bool = False):
-        super().__init__()
-        self.what, self._on_arrival = what, on_arrival
-        self._event, self._error = threading.Event(), None
-        self._future = torch.futures.Future()
-        if done:
-            self._future.set_result([])
-            self._event.set()
-
-    def complete(self, parts, payload) -> None:
-        try:
-            result = self._on_arrival(frames.decode(parts, payload)) if self._on_arrival else []
-        except Exception as exc:  # noqa: BLE001 - reported by wait(), on the rank's own thread
-            self.fail(str(exc))
-            return
-        self._future.set_result(result)
-        self._event.set()
-
-    def fail(self, message: str) -> None:
-        if self._event.is_set():
-            return
-        self._error = RelayError(f"{self.what}: {message}")
-        self._future.set_exception(self._error)
-        self._event.set()
-
-    def wait(self, timeout=None) -> bool:
-        self._event.wait()
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._event.is_set()
-
-    def is_success(self) -> bool:
-        return self._event.is_set() and self._error is None
-
-    def get_future(self):
-        return self._future
-
-
-class _Link:
-    """This process's end of the relay: one writer lock, one reader thread, the mailboxes."""
-
-    def __init__(self, fd: int):
-        self.sock = socket.socket(fileno=fd)
-        self.sock.setblocking(True)
-        self._send_lock, self._lock = threading.Lock(), threading.Lock()
-        self._arrived: dict[tuple, deque] = {}    # (src, tag) -> messages not yet received
-        self._posted: dict[tuple, deque] = {}     # (src, tag) -> receives waiting for a message
-        self._replies: dict[tuple, _Work] = {}    # (group, seq) -> collective waiting for its share
-        self._broken: str | None = None
-        threading.Thread(target=self._read_loop, name="distlab-relay-reader", daemon=True).start()
-
-    def send(self, header: dict, payload: list) -> None:
-        if self._broken:
-            raise RelayError(self._broken)
-        with self._send_lock:
-            frames.write(self.sock, header, payload)
-
-    def post_receive(self, work: _Work, src: int, tag: int) -> None:
-        with self._lock:
-            waiting = self._arrived.get((src, tag))
-            message = waiting.popleft() if waiting else None
-            if message is None:
-                self._posted.setdefault((src, tag), deque()).append(work)
-            broken = self._broken
-        if message is not None:
-            work.complete(*message)
-        elif broken:
-            work.fail(broken)
-
-    def expect_reply(self, key: tuple, work: _Work) -> None:
-        with self._lock:
-            self._replies[key] = work
-
-    def _read_loop(self) -> None:
-        try:
-            while True:
-                header, payload = frames.read(self.sock)
-                self._dispatch(header, payload)
-        except (OSError, frames.BrokenFrame) as exc:
-            self._break(f"the link to the grader's network is gone ({exc})")
-
-    def _dispatch(self, header: dict, payload) -> None:
-        kind = header.get("k")
-        if kind == "msg":
-            key = (header["src"], header["tag"])
-            with self._lock:
-                waiting = self._posted.get(key)
-                work = waiting.popleft() if waiting else None
-                if work is None:
-                    self._arrived.setdefault(key, deque()).append((header["parts"], payload))
-            if work is not None:
-                work.complete(header["parts"], payload)
-        elif kind in ("done", "error"):
-            with self._lock:
-                work = self._replies.pop((header.get("group"), header.get("seq")), None)
-            if work is not None and kind == "done":
-                work.complete(header.get("parts", []), payload)
-            elif work is not None:
-                work.fail(header.get("message", "refused"))
-            elif kind == "error":
-                self._break(f"the router refused an operation: {header.get('message')}")
-
-    def _break(self, reason: str) -> None:
-        with self._lock:
-            self._broken = reason
-            works = [w for q in self._posted.values() for w in q] + list(self._replies.values())
-            self._posted.clear()
-            self._replies.clear()
-        for work in works:
-            work.fail(reason)
-
-
-_link: _Link | None = None
-
-
-def link() -> _Link:
-    """This process's link to the router, made from ``DISTLAB_RELAY_FD`` on first use."""
-    global _link
-    if _link is None:
-        fd = os.environ.get(RELAY_FD)
-        if not fd:
-            raise RelayError(f"backend 'relay' needs the descriptor named by ${RELAY_FD}, which this process "
-                             "was not given (the relay's ranks are started by distlab.run(..., backend='relay'))")
-        _link = _Link(int(fd))
-    return _link
 
 
 def _reduction(opts) -> str:
@@ -220,10 +81,10 @@ class RelayGroup(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int = 0):
         parts, payload = frames.encode(tensors)
         link().send({"k": "send", "dst": self._ranks[dst], "tag": tag, "parts": parts}, payload)
-        return _Work("send", done=True)
+        return Work("send", done=True)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        work = _Work(f"recv from rank {self._ranks[src]}", _copy_into(tensors))
+        work = Work(f"recv from rank {self._ranks[src]}", _copy_into(tensors))
         link().post_receive(work, self._ranks[src], tag)
         return work
 
@@ -235,7 +96,7 @@ class RelayGroup(dist.ProcessGroup):
     def _collective(self, op: str, tensors, on_arrival, reduction: str = "sum", root: int = 0):
         seq, self._seq = self._seq, self._seq + 1
         parts, payload = frames.encode(tensors)
-        work = _Work(op, on_arrival)
+        work = Work(op, on_arrival)
         link().expect_reply((self._group_id, seq), work)
         link().send({"k": "coll", "op": op, "group": self._group_id, "ranks": self._ranks, "seq": seq,
                      "reduction": reduction, "root": root, "parts": parts}, payload)
@@ -318,6 +179,11 @@ def init_process_group(timeout=None) -> None:
 
     register()
     link()
-    dist.init_process_group(NAME, store=dist.HashStore(), rank=int(os.environ["RANK"]),
+    store = dist.HashStore()
+    dist.init_process_group(NAME, store=store, rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=timeout or datetime.timedelta(minutes=30))
+    # The store is this process's alone: a key another rank sets never shows here. Code that
+    # uses it as a mailbox between ranks then fails in seconds, naming the key, instead of
+    # waiting out the run's whole time limit for a value that cannot come.
+    store.set_timeout(datetime.timedelta(seconds=STORE_WAIT_S))
