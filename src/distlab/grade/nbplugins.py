@@ -36,7 +36,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
 from traitlets import Integer, List, Type, Unicode
 
-from distlab.grade import bubblewrap, config, limits, pipes, scratch, student_output, submission_caps
+from distlab.grade import bubblewrap, config, kernel_messages, limits, pipes, scratch, student_output, submission_caps
 from distlab.grade.kernel_sockets import PrivateSocketsKernelManager, use_private_sockets
 from distlab.runtime import processes
 
@@ -63,6 +63,9 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
         self.drain = None            # the kernel's stdout and stderr, on their way to the log
+        # its messages, capped before they are read (no setting may swap the client out)
+        self.client_factory = kernel_messages.CappedKernelClient
+        self.context = kernel_messages.capped_context(self.context)
 
     async def start_kernel(self, **kw):
         self.kernel_cwd = kw.get("cwd") or os.getcwd()
@@ -151,6 +154,7 @@ class KernelExecute(student_output.CappedCellOutputs, Execute):
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
             scratch.explain(cell)   # a write past the caps of the kernel's folder: say which
+            kernel_messages.explain(cell, self.kc)   # a message past the cap: refused unread
             return cell, resources
         except Exception as exc:  # noqa: BLE001
             # The student's code killed or wrecked its kernel (os._exit, SIGKILL, the memory
