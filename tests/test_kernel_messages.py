@@ -30,16 +30,22 @@ class Manager(PrivateSocketsKernelManager):
         if capped:
             self.client_factory = kernel_messages.CappedKernelClient
 
-class Execute(ExecutePreprocessor):
-    def preprocess_cell(self, cell, resources, index):   # nbgrader's Execute is one of these
-        cell, resources = super().preprocess_cell(cell, resources, index)
+class Execute(ExecutePreprocessor):   # as distlab.grade.nbplugins.KernelExecute (an nbgrader Execute)
+    def preprocess_cell(self, cell, resources, index):
+        try:
+            cell, resources = super().preprocess_cell(cell, resources, index)
+        except Exception as exc:
+            if not kernel_messages.only_output_lost(exc, cell, self.kc):
+                raise
+            return cell, resources
         kernel_messages.explain(cell, self.kc)
         return cell, resources
 
 nb = nbformat.v4.new_notebook(cells=[
     nbformat.v4.new_code_cell('import sys\nsys.stdout.write("m" * (100 * 2**20))\nsys.stdout.flush()'),
     nbformat.v4.new_code_cell('print("after", 6 * 7)')])
-Execute(kernel_manager_class=Manager, timeout=120, kernel_name="python3").preprocess(nb, {})
+Execute(kernel_manager_class=Manager, timeout=120, kernel_name="python3",
+        raise_on_iopub_timeout=True).preprocess(nb, {})   # nbgrader's setting
 peak_kib = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 print(json.dumps({"peak_mb": peak_kib / 1024, "outputs": [c.outputs for c in nb.cells]}))
 '''

@@ -18,7 +18,8 @@ ZeroMQ answers an oversized message by dropping the connection for good. :class:
 watches for that (a socket monitor), connects again, and counts it; :func:`explain` then adds
 :data:`NOTE` to the cell that sent it. Whatever the kernel published while the connection was
 down is lost, its "idle" status included: nbclient waits its ``iopub_timeout`` (4 s) for it and
-moves on to the next cell.
+moves on to the next cell (nbgrader's ``Execute`` raises instead: :func:`only_output_lost` tells
+that apart from a kernel that stopped answering).
 """
 
 from __future__ import annotations
@@ -131,3 +132,20 @@ def explain(cell, client) -> None:
         from nbformat.notebooknode import NotebookNode
 
         cell.setdefault("outputs", []).append(NotebookNode({"output_type": "stream", "name": "stderr", "text": NOTE}))
+
+
+def only_output_lost(exc: Exception, cell, client) -> bool:
+    """Whether ``exc``, raised while ``cell`` ran, means only that the cell's last messages were
+    lost with a refused one: the kernel answered (nbclient waits for the rest of the output only
+    once it has), but its "idle" status never came. Then :func:`explain` has noted it in ``cell``,
+    and the kernel is fine for the next cell."""
+    from nbclient.exceptions import CellTimeoutError
+
+    if not isinstance(exc, CellTimeoutError) or "Timeout waiting for IOPub output" not in str(exc):
+        return False
+    if not (isinstance(client, CappedKernelClient) and client.take_refused()):
+        return False
+    from nbformat.notebooknode import NotebookNode
+
+    cell.setdefault("outputs", []).append(NotebookNode({"output_type": "stream", "name": "stderr", "text": NOTE}))
+    return True
