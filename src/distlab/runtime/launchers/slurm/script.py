@@ -23,15 +23,22 @@ OFFLINE_VARIABLES = {
 """Compute nodes have no internet: libraries that would download must use their caches."""
 
 def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoint: str,
-                          rdzv_id: str, target: list[str], extra: list[str] = ()) -> str:
+                          rdzv_id: str, target: list[str], extra: list[str] = (),
+                          private_network_folder: str | None = None) -> str:
     """The shell line that ``srun`` runs once on every node: torchrun, joining the rendezvous.
 
     ``nnodes``, ``endpoint`` and ``rdzv_id`` may be shell variables (``"$SLURM_NNODES"``):
     they are expanded on the node. ``is_host`` is 1 on the step's first node only.
+    ``private_network_folder`` (a step on one node): torchrun and its ranks start in a network
+    of their own there (:mod:`distlab.runtime.private_network`, its hosts file in that folder).
     """
     args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", *extra]
-    parts = [f"exec {shlex.quote(python)} -m torch.distributed.run"]
+    torchrun = f"{shlex.quote(python)} -m torch.distributed.run"
+    if private_network_folder:
+        torchrun = (f"{shlex.quote(python)} -m distlab.runtime.private_network "
+                    f"{shlex.quote(private_network_folder)} -- {torchrun}")
+    parts = [f"exec {torchrun}"]
     parts += [a if "$" in a else shlex.quote(a) for a in args]
     parts += ["--rdzv-conf=is_host=$(( SLURM_NODEID == 0 ))", shlex.join(target)]
     return "\n" + " \\\n    ".join(parts)  # one option per line: readable in a job script
