@@ -43,6 +43,10 @@ QUEUED_MESSAGES = 16
 one socket can make the grader keep (80 MiB)."""
 CHECK_SECONDS = 0.25
 """How often a channel that is waiting for a message looks whether its connection was dropped."""
+RECONNECT_SECONDS = 10.0
+"""How long a channel waits for its connection to be made again."""
+LATE_REFUSAL_SECONDS = 30.0
+"""How long the grader waits for a refused message when a cell's output stopped short."""
 NOTE = (f"\n[distlab.grade: the kernel sent a message over {MAX_MESSAGE_BYTES // 2**20} MiB, more than the "
         "grader reads in one message; it was refused unread, so this cell's output is incomplete]\n")
 """What the grader adds to a cell during which the kernel sent a message over the cap."""
@@ -64,7 +68,7 @@ class CappedChannel(AsyncZMQSocketChannel):
         super().__init__(socket, session, loop)
         self.refused = 0
         address = f"inproc://distlab-monitor-{id(self)}"
-        socket.monitor(address, zmq.EVENT_DISCONNECTED)
+        socket.monitor(address, zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         # a socket of the client's context (which closes it with the rest), read without asyncio
         self._monitor_socket = socket.context.socket(zmq.PAIR)
         self._monitor_socket.linger = 0
@@ -74,13 +78,32 @@ class CappedChannel(AsyncZMQSocketChannel):
     def reconnect_if_dropped(self) -> None:
         while self.socket is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
-            endpoint = event.get("endpoint", b"").decode()
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._connect_again(event.get("endpoint", b"").decode())
+
+    def _connect_again(self, endpoint: str) -> None:
+        """Connect again and wait until the connection is made (a SUB socket's subscription
+        leaves right after; what the kernel publishes before that is lost, the next cell's
+        output included), at most :data:`RECONNECT_SECONDS`."""
+        deadline = time.monotonic() + RECONNECT_SECONDS
+        while True:
             self.refused += 1
             try:
                 self.socket.disconnect(endpoint)
             except zmq.ZMQError:
                 pass   # ZeroMQ forgot the endpoint already
             self.socket.connect(endpoint)
+            while time.monotonic() < deadline:
+                if not self._monitor.poll(int(CHECK_SECONDS * 1000)):
+                    continue
+                event = recv_monitor_message(self._monitor)
+                if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    time.sleep(CHECK_SECONDS)   # the subscription, on its way to the kernel
+                    return
+                if event["event"] == zmq.EVENT_DISCONNECTED:   # refused again, or the kernel is gone
+                    break
+            else:
+                return
 
     async def get_msg(self, timeout: float | None = None):
         """A message, as jupyter_client's; while waiting, a dropped connection is made again."""
@@ -116,6 +139,14 @@ class CappedKernelClient(AsyncKernelClient):
         self._created_context = True
         return capped_context()
 
+    def refused_within(self, seconds: float) -> int:
+        """:meth:`take_refused`, waiting up to ``seconds`` for a refusal: on a busy machine a
+        message of 100 MB reaches the grader seconds after the kernel's reply to its cell."""
+        deadline = time.monotonic() + seconds
+        while not (refused := self.take_refused()) and time.monotonic() < deadline:
+            time.sleep(CHECK_SECONDS)
+        return refused
+
     def take_refused(self) -> int:
         """Messages refused since the last call (connections that were dropped are made again)."""
         count = 0
@@ -143,7 +174,7 @@ def only_output_lost(exc: Exception, cell, client) -> bool:
 
     if not isinstance(exc, CellTimeoutError) or "Timeout waiting for IOPub output" not in str(exc):
         return False
-    if not (isinstance(client, CappedKernelClient) and client.take_refused()):
+    if not (isinstance(client, CappedKernelClient) and client.refused_within(LATE_REFUSAL_SECONDS)):
         return False
     from nbformat.notebooknode import NotebookNode
 
