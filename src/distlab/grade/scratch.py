@@ -62,8 +62,8 @@ def seen_from_outside(pid: int, path: str) -> str:
 
 
 NOTE = (f"[grader] The folders a graded notebook may write hold at most {FOLDER_MB} MiB in {FOLDER_FILES} "
-        f"files each (the kernel's socket folder: {SOCKETS_MB} MiB in {SOCKETS_FILES} files); this write "
-        "went past that.\n")
+        f"files each; this write went past that. (The kernel's socket folder holds {SOCKETS_MB} MiB in "
+        f"{SOCKETS_FILES} files.)\n")
 """What the grader adds to a cell whose output says a write failed for lack of space."""
 
 
