@@ -1,7 +1,7 @@
 """Hostile printing (grader/hostile/output/*.py) graded next to two honest classmates.
 
 Each of these submissions prints at the instructor rather than at its notebook: 100 MB in a
-cell, lines of 10 MB, terminal escape sequences, and lines copied from nbgrader's and
+cell (in 100 messages, and in one), lines of 10 MB, terminal escape sequences, and lines copied from nbgrader's and
 distlab.grade's own messages naming a classmate (``aa-control``), on the kernel's and the
 ranks' real standard output and error. The whole path is tried as the instructor runs it
 (collect, autograde, feedback): the report says nothing false about anyone, no escape reaches
@@ -14,13 +14,15 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
+import time
 
 import nbformat
 import pytest
 from grading_support import HOSTILE_CONTROLS, REPO, SLUG, grade_hostile_class
 from grading_support import hostile_student as _student
 
-from distlab.grade import run_nbgrader, student_output
+from distlab.grade import kernel_messages, run_nbgrader, student_output
 
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
@@ -28,19 +30,47 @@ import build as hostile  # noqa: E402
 SPECS = hostile.specs(os.path.join(hostile.HERE, "output"))
 CONTROLS = HOSTILE_CONTROLS
 LOG_BYTES = 2 * 2**20
-"""The autograde log of this class, at most: each of the 4 hostile submissions keeps
+"""The autograde log of this class, at most: each of the 5 hostile submissions keeps
 2 x 64 KiB of its printing (kernel, clean room); nbgrader's own lines are a few KiB each."""
+NBGRADER_PEAK_MB = 250
+"""The nbgrader process's largest resident size while it grades this class, at most. Measured:
+122 MB; before the grader's sockets refused messages over 5 MiB, grading the one-message
+submission alone took it to 404 MB (the message read whole, then decoded)."""
+
+
+def _peak_of_nbgrader(stop: threading.Event, peaks: list) -> None:
+    """Until ``stop``: the largest VmHWM (peak resident size) of any nbgrader process below us."""
+    import psutil
+
+    while not stop.is_set():
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if "distlab.grade.nbgrader_app" in proc.cmdline():
+                    status = open(f"/proc/{proc.pid}/status").read()
+                    peaks.append(int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024)
+            except (psutil.Error, OSError, AttributeError):
+                continue
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    # 100 MB takes a while
-    return grade_hostile_class(tmp_path_factory.mktemp("hostile-output"), hostile, SPECS, "--Execute.timeout=300",
-                               timeout=1800)
+    # the nbgrader process's peak is watched while the class is graded (100 MB takes a while)
+    stop, peaks = threading.Event(), [0.0]
+    watcher = threading.Thread(target=_peak_of_nbgrader, args=(stop, peaks), daemon=True)
+    watcher.start()
+    try:
+        graded = grade_hostile_class(tmp_path_factory.mktemp("hostile-output"), hostile, SPECS,
+                                     "--Execute.timeout=300", timeout=1800)
+    finally:
+        stop.set()
+        watcher.join()
+    return dict(graded, nbgrader_peak_mb=max(peaks))
 
 
-def test_there_are_the_four_kinds_of_hostile_printing():
-    assert set(SPECS) == {"print_100mb_in_the_kernel", "lines_of_10mb", "terminal_escapes", "forge_grader_lines"}
+def test_there_are_the_five_kinds_of_hostile_printing():
+    assert set(SPECS) == {"print_100mb_in_the_kernel", "print_100mb_in_one_message", "lines_of_10mb",
+                          "terminal_escapes", "forge_grader_lines"}
 
 
 @pytest.mark.timeout(3600)
@@ -90,5 +120,25 @@ def test_the_log_the_graded_notebooks_and_the_feedback_pages_stay_under_their_ca
     kept = (work / "autograded" / _student("print_100mb_in_the_kernel") / SLUG / f"{SLUG}.ipynb").read_text()
     (printed,) = [cell for cell in nbformat.reads(kept, as_version=4).cells if "range(100)" in cell.source]
     shown = [(o.output_type, o.get("name"), len(o.get("text", "")), str(o)[-300:]) for o in printed.outputs]
-    assert "was not kept" in "".join(o.get("text", "") for o in printed.outputs), shown
+    said = "".join(o.get("text", "") for o in printed.outputs)
+    # ipykernel sends what is printed within 0.2 s as one message: cut by the cell's cap, or,
+    # over 5 MiB, refused unread (kernel_messages)
+    assert "was not kept" in said or kernel_messages.NOTE in said, shown
     assert len(kept) < 2 * student_output.MAX_CELL_OUTPUT_CHARS + 2**20
+
+
+@pytest.mark.timeout(3600)
+def test_a_message_of_100_mb_is_refused_unread_and_nbgrader_stays_small(graded):
+    """The attack: 100 MB written in one go reached nbgrader as one message, read whole (and
+    decoded) before the cell's cap cut it. Now the grader's sockets refuse it unread, the cell
+    says so in the feedback, and the nbgrader process stays small."""
+    print(f"\n[measured] the nbgrader process's peak resident size: {graded['nbgrader_peak_mb']:.0f} MB")
+    assert 0 < graded["nbgrader_peak_mb"] < NBGRADER_PEAK_MB, graded["nbgrader_peak_mb"]
+    student = _student("print_100mb_in_one_message")
+    work = graded["course"].work
+    kept = (work / "autograded" / student / SLUG / f"{SLUG}.ipynb").read_text()
+    (cell,) = [c for c in nbformat.reads(kept, as_version=4).cells if "100 * 2**20" in c.source]
+    assert [o.get("text") for o in cell.outputs] == [kernel_messages.NOTE], cell.outputs
+    page = (work / "feedback" / student / SLUG / f"{SLUG}.html").read_text()
+    assert "more than the grader reads in one message" in page
+    assert len(kept) < 2**20

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -500,5 +501,119 @@ def test_a_grader_that_is_not_root_gets_the_capped_folders_too():
         said = done.stdout.split()
         assert said[:2] == ["handed", "in"] and said[2] == "made" and 90 <= int(said[3]) < 100, done.stdout
         assert sorted(p.name for p in folder.iterdir()) == ["data.txt"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+FILLS_ITS_SOCKET_FOLDER = textwrap.dedent(r'''
+    import asyncio, json, os, sys
+    from distlab.grade.nbplugins import GradingKernelManager
+
+    CELL = """
+    import os
+    arguments = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+    folder = os.path.dirname(arguments[arguments.index(b"-f") + 1].decode())
+    made = written = 0
+    try:
+        for i in range(20_000):
+            with open(os.path.join(folder, f"many-{i}"), "w") as f:
+                f.write("x")
+            made += 1
+    except OSError as exc:
+        print("files stopped after", made, exc.strerror)
+    try:
+        with open(os.path.join(folder, "big"), "wb") as f:
+            for _ in range(100):
+                f.write(b"x" * 2**20)
+                f.flush()
+                written += 1
+    except OSError as exc:
+        print("bytes stopped after", written, "MiB", exc.strerror)
+    print("made", made, "written", written)
+    """
+
+    async def main(folder):
+        km = GradingKernelManager(kernel_name="python3")
+        await km.start_kernel(cwd=folder)
+        client = km.client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=120)
+            reply = await client.execute_interactive(CELL, timeout=300, output_hook=lambda msg: print(
+                msg["content"].get("text", ""), end="", flush=True))
+            # the host's socket folder, while the kernel lives: as the grader made it
+            print(json.dumps({"host": sorted(os.listdir(km.sockets_folder)), "status": reply["content"]["status"],
+                              "answers": (await client.execute_interactive("print(6 * 7)", timeout=60))["content"]["status"]}))
+        finally:
+            client.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(main(sys.argv[1]))
+''')
+
+
+@pytest.mark.timeout(500)
+def test_a_kernel_filling_its_socket_folder_stops_at_its_caps_and_the_host_folder_is_unchanged():
+    """The grading kernel binds its sockets in a folder it must write (distlab.grade.kernel_sockets);
+    on the host's /tmp a submission filled it without a limit (20,000 files, 100 MiB). Now it is a
+    memory file system of its own capped at 1 MiB and 64 files (distlab.grade.scratch), which
+    the grader reaches through the sandbox's mounts: the writes stop there, the kernel still
+    answers, and the host's folder holds what the grader put in it."""
+    from distlab.grade import scratch
+
+    home = Path(tempfile.mkdtemp(prefix="distlab-grader-", dir="/tmp"))   # the grader's temporary folder
+    work = Path(tempfile.mkdtemp(prefix="distlab-kernel-folder-", dir="/tmp"))   # the kernel's, as autograde's
+    try:
+        home.chmod(0o755)
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home), "LANG": "C.UTF-8"}
+        done = subprocess.run([sys.executable, "-c", FILLS_ITS_SOCKET_FOLDER, str(work)], capture_output=True,
+                              text=True, env=env, cwd=home, timeout=400)
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        made, written = map(int, re.search(r"made (\d+) written (\d+)", done.stdout).groups())
+        assert made < scratch.SOCKETS_FILES and written <= scratch.SOCKETS_MB, (made, written)   # before: 20000, 100
+        assert "files stopped after" in done.stdout and "bytes stopped after" in done.stdout, done.stdout[:500]
+        assert "No space left on device" in done.stdout, done.stdout[:500]
+        assert report["status"] == "ok" and report["answers"] == "ok", str(report)[:500]   # the kernel still talks
+        assert report["host"] == ["kernel.json"], (len(report["host"]), report["host"][:10])
+        assert not list(home.glob("distlab-kernel-*")), list(home.iterdir())   # all gone after
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_grader_that_is_not_root_reaches_a_socket_in_a_capped_folder():
+    """How the grader reaches its kernel's sockets in their capped folder (/proc/PID/root,
+    distlab.grade.scratch.seen_from_outside) holds for a grader with no privilege too: the
+    folder's file system lives in a user namespace that grader made, so it may look in."""
+    from eavesdrop import VICTIM_UID, python_for_any_account
+
+    folder = Path(tempfile.mkdtemp(prefix="distlab-capped-", dir="/tmp"))
+    try:
+        os.chown(folder, VICTIM_UID, VICTIM_UID)
+        listens = (f"import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.bind('{folder}/s')\ns.listen()\n"
+                   "c, _ = s.accept()\nc.sendall(b'hello')\ntime.sleep(1)")
+        grader = textwrap.dedent(f"""
+            import json, os, socket, subprocess, sys, time
+            from distlab.grade import scratch
+            sandbox = ["bwrap", "--die-with-parent", "--unshare-all", "--ro-bind", "/usr", "/usr",
+                       "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+                       "--proc", "/proc", "--dev", "/dev", "--bind", {str(folder)!r}, {str(folder)!r},
+                       "--", "/usr/bin/python3", "-c", {listens!r}]
+            inside = subprocess.Popen(scratch.wrap(sandbox, [], sockets={str(folder)!r}))
+            for _ in range(100):
+                try:
+                    with socket.socket(socket.AF_UNIX) as c:
+                        c.connect(scratch.seen_from_outside(inside.pid, {str(folder)!r} + "/s"))
+                        print(c.recv(10).decode(), sorted(os.listdir({str(folder)!r})))
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            inside.wait()
+        """)
+        done = subprocess.run(["setpriv", f"--reuid={VICTIM_UID}", f"--regid={VICTIM_UID}", "--clear-groups",
+                               python_for_any_account(), "-c", grader], capture_output=True, text=True, timeout=120,
+                              cwd="/", env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO / "src")})
+        assert done.stdout.split() == ["hello", "[]"], done.stdout + done.stderr
     finally:
         shutil.rmtree(folder, ignore_errors=True)

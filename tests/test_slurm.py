@@ -830,3 +830,69 @@ def test_a_process_that_leaves_its_jobs_session_still_ends_with_the_job(slurm_en
     for proc in left:
         proc.kill()
     assert not left, "a process that left its job's session outlived the job"
+
+
+ONE_NODE_RUN = """
+import json, time
+import distlab
+from distlab.runtime import launchers
+
+def busy(seconds):
+    import torch, torch.distributed as dist
+    end, calls = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        total = torch.ones(4) * (dist.get_rank() + 1)
+        dist.all_reduce(total)
+        calls += 1
+        time.sleep(0.05)
+    return total.tolist(), calls
+
+print("launcher:", launchers.choose("auto").__name__)
+print("RESULT " + json.dumps(distlab.run(busy, 15, nprocs=2, timeout=180)))
+"""
+
+
+@pytest.mark.timeout(400)
+def test_another_account_on_the_node_cannot_reach_the_store_of_a_one_node_srun_step(slurm_env):
+    """Issue 44, for ranks that Slurm starts (a hub notebook's distlab.run is an srun step, even
+    with every rank on one node): while a student's run works, a second account tries every
+    port the student listens on as the run's rendezvous store (write a key) and sends junk to
+    each. The step's ranks are in a network of their own on the node: no store is reached and
+    the result is right. (srun's own ports, which the second account also finds, are Slurm's.)"""
+    from eavesdrop import intrude_on_ranks, python_for_any_account
+    from hub_support import accounts, course_name
+
+    course = course_name("dlsn")
+    folders = [Path(slurm_env["slurm_conf"]).parent, *Path(slurm_env["slurm_conf"]).parent.parents][:-1]
+    modes = {folder: folder.stat().st_mode for folder in folders}
+    try:
+        for folder, mode in modes.items():   # the cluster's configuration, readable by the student
+            folder.chmod(mode | 0o001)
+        (student,) = accounts.create_accounts(course, students=1, instructors=0)
+        import pwd
+
+        account = pwd.getpwnam(student)
+        home = Path(account.pw_dir)
+        (home / "distlab.toml").write_text("")
+        os.chown(home / "distlab.toml", account.pw_uid, account.pw_gid)
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "SLURM_CONF": slurm_env["slurm_conf"],
+               "DISTLAB_CONFIG": str(home / "distlab.toml"), "DISTLAB_SLURM_RUN_ROOT": str(home / "runs"),
+               "DISTLAB_SLURM_POLL_SECONDS": "0.5"}
+        intruder = intrude_on_ranks(account.pw_uid, seconds=60)
+        done = subprocess.run(["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups",
+                               "salloc", "--nodes=1", "--time=5", "--job-name=one-node-step",
+                               python_for_any_account(), "-c", ONE_NODE_RUN],
+                              capture_output=True, text=True, env=env, cwd=home, timeout=300)
+        tried, intruder_errors = intruder.communicate(timeout=120)
+    finally:
+        for folder, mode in modes.items():
+            folder.chmod(mode)
+        accounts.remove_accounts(course)
+    report = json.loads(tried or "{}")
+    assert report, intruder_errors[-3000:]
+    assert "launcher: SrunJob" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert report["store_written"] == [], report     # the rendezvous store: not reached
+    # before: the junk sent to the ranks' ports left a rank blocked in all_reduce until the timeout
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert [r[0] for r in results] == [[3.0] * 4] * 2 and all(r[1] > 10 for r in results), results

@@ -36,7 +36,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
 from traitlets import Integer, List, Type, Unicode
 
-from distlab.grade import bubblewrap, config, limits, pipes, scratch, student_output, submission_caps
+from distlab.grade import bubblewrap, config, kernel_messages, limits, pipes, scratch, student_output, submission_caps
 from distlab.grade.kernel_sockets import PrivateSocketsKernelManager, use_private_sockets
 from distlab.runtime import processes
 
@@ -52,8 +52,9 @@ class GradingKernelManager(PrivateSocketsKernelManager):
     It talks to nbgrader through Unix sockets in a private folder
     (:mod:`distlab.grade.kernel_sockets`): no other account on the grading host can listen to
     it. Inside the operating-system boundary (:mod:`distlab.grade.bubblewrap`) the kernel has a
-    network of its own anyway, so it could not listen on the grader's ``127.0.0.1``; that
-    folder is the one it shares with the grader besides the submission's. Interrupting a cell
+    network of its own anyway, so it could not listen on the grader's ``127.0.0.1``. That
+    folder, which the kernel must write, is a capped memory file system of its own there
+    (:mod:`distlab.grade.scratch`), reached through the sandbox's mounts. Interrupting a cell
     that runs too long is a message (``interrupt_request``): a signal to the kernel's process
     group would reach ``bwrap`` instead.
     """
@@ -63,6 +64,9 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
         self.drain = None            # the kernel's stdout and stderr, on their way to the log
+        # its messages, capped before they are read (no setting may swap the client out)
+        self.client_factory = kernel_messages.CappedKernelClient
+        self.context = kernel_messages.capped_context(self.context)
 
     async def start_kernel(self, **kw):
         self.kernel_cwd = kw.get("cwd") or os.getcwd()
@@ -85,8 +89,13 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
         sandboxed = bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
                                        env={"JPY_PARENT_PID": "1"})
-        # its folder: a memory file system of its own, capped in bytes and files (the sockets' stays shared)
-        return submission_caps.wrap_for_current(scratch.wrap(sandboxed, [self.kernel_cwd]))
+        # its folder and its sockets' folder: memory file systems of their own, capped in bytes and files
+        return submission_caps.wrap_for_current(scratch.wrap(sandboxed, [self.kernel_cwd], sockets=self.sockets_folder))
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        await super()._async_launch_kernel(kernel_cmd, **kw)
+        if self.sandboxed:   # its sockets are in its capped folder: reached through its process's mounts
+            self.ip = scratch.seen_from_outside(self.provisioner.process.pid, self.ip)
 
     async def interrupt_kernel(self):
         if not self.sandboxed:
@@ -151,8 +160,11 @@ class KernelExecute(student_output.CappedCellOutputs, Execute):
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
             scratch.explain(cell)   # a write past the caps of the kernel's folder: say which
+            kernel_messages.explain(cell, self.kc)   # a message past the cap: refused unread
             return cell, resources
         except Exception as exc:  # noqa: BLE001
+            if kernel_messages.only_output_lost(exc, cell, self.kc):   # a refused message took the rest with it
+                return cell, resources
             # The student's code killed or wrecked its kernel (os._exit, SIGKILL, the memory
             # cap, builtins replaced so the kernel cannot even reply...). The cells after it
             # cannot run there; the tests never did: the clean room runs them.

@@ -14,8 +14,10 @@ with the same account in it, as bubblewrap does), mounts over each folder of SPE
 with ``size`` (:data:`FOLDER_MB`) and ``nr_inodes`` (:data:`FOLDER_FILES`) set, copies what the
 folder held into it, and runs COMMAND there. Past either cap a write fails with ``ENOSPC``
 ("No space left on device"), which the grader explains in the cell that met it
-(:func:`explain`). The grader itself never sees these file systems: they vanish with the last
-process of the namespace, and the host's folder is as the grader left it.
+(:func:`explain`). These file systems vanish with the last process of the namespace, and the
+host's folder is as the grader left it. The grader looks in only where it must: the grading
+kernel binds its sockets in a capped folder of its own (``sockets`` of :func:`wrap`), and the
+grader connects to them through the namespace's first process (:func:`seen_from_outside`).
 
 A memory file system's pages are charged to the memory control group of the process that
 writes them: the submission's (:mod:`distlab.grade.cgroups`).
@@ -35,19 +37,33 @@ FOLDER_MB = 256
 """Bytes one such folder may hold (MiB)."""
 FOLDER_FILES = 10_000
 """Files and folders one such folder may hold."""
+SOCKETS_MB, SOCKETS_FILES = 1, 64
+"""The caps of the grading kernel's socket folder (:mod:`distlab.grade.kernel_sockets`), which
+holds its connection file and seven sockets: a submission may write there too."""
 NOBODY = 65534
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
 _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 16384, 1 << 18
 
 
-def wrap(argv: list[str], folders: list[str]) -> list[str]:
-    """``argv`` (a ``bwrap`` command line) run with each of ``folders`` capped (see above)."""
+def wrap(argv: list[str], folders: list[str], sockets: str | None = None) -> list[str]:
+    """``argv`` (a ``bwrap`` command line) run with each of ``folders`` capped (see above), and
+    ``sockets``, a kernel's socket folder, capped smaller (:data:`SOCKETS_MB`, :data:`SOCKETS_FILES`)."""
     spec = [{"path": os.path.realpath(f), "mb": FOLDER_MB, "files": FOLDER_FILES} for f in folders]
+    if sockets:
+        spec.append({"path": os.path.realpath(sockets), "mb": SOCKETS_MB, "files": SOCKETS_FILES})
     return [sys.executable, "-m", __name__, json.dumps(spec), "--", *argv]
 
 
+def seen_from_outside(pid: int, path: str) -> str:
+    """``path`` inside a capped folder, as a process outside reaches it: through the mounts of
+    ``pid`` (the process that :func:`wrap`'s command line became, ``bwrap``'s first), at
+    ``/proc/PID/root/PATH``. That is how the grader reaches the sockets its kernel binds there."""
+    return f"/proc/{pid}/root{os.path.realpath(path)}"
+
+
 NOTE = (f"[grader] The folders a graded notebook may write hold at most {FOLDER_MB} MiB in {FOLDER_FILES} "
-        "files each; this write went past that.\n")
+        f"files each; this write went past that. (The kernel's socket folder holds {SOCKETS_MB} MiB in "
+        f"{SOCKETS_FILES} files.)\n")
 """What the grader adds to a cell whose output says a write failed for lack of space."""
 
 

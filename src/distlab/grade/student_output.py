@@ -125,8 +125,8 @@ def _size(output) -> int:
 class CappedCellOutputs:
     """For nbclient's ``NotebookClient``: keeps at most :data:`MAX_CELL_OUTPUT_CHARS` of
     output per cell and :data:`MAX_NOTEBOOK_OUTPUT_CHARS` per notebook (counted afresh for
-    each notebook); past either, a note says the rest was not kept. (Each message still arrives whole in the grader's memory
-    before it is cut: the kernel's own caps bound its size.)"""
+    each notebook); past either, a note says the rest was not kept. (A message arrives whole
+    before it is cut, at most :data:`distlab.grade.kernel_messages.MAX_MESSAGE_BYTES`.)"""
 
     def reset_execution_trackers(self) -> None:
         """Before each notebook (nbclient calls it; nbgrader uses one client for the class)."""

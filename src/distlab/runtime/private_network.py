@@ -18,11 +18,15 @@ it, for one file: ``/etc/hosts`` gets lines for the loopback's other names (``::
 ``::ffff:127.0.0.1``, which a dual-stack socket reports), because torch looks its peers up by
 name and, without them, asks DNS, which is out of reach inside and makes torch warn.
 
-What stays: a run across several machines (``srun`` in a Slurm allocation) needs the real
-network between its nodes, so there the store and gloo are reachable by other accounts on
-those nodes as before (the instructor's guide says what a centre can do); and where user
-namespaces are switched off, :func:`enter` leaves the process as it was and says so once on
-its error stream.
+Ranks that Slurm starts on one node get the same: a Slurm job step whose ranks all run on one
+node (a hub notebook's ``distlab.run`` is one, started with ``srun``) runs its torchrun through
+``python -m distlab.runtime.private_network FOLDER -- COMMAND...`` (:func:`main`), which enters a
+network of its own on that node, with its hosts file in FOLDER, and becomes COMMAND.
+
+What stays: a run across several machines needs the real network between its nodes, so there
+the store and gloo are reachable by other accounts on those nodes as before (the instructor's
+guide says what a centre can do); and where user namespaces are switched off, :func:`enter`
+leaves the process as it was and says so once on its error stream.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import fcntl
 import os
 import socket
 import struct
+import sys
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -104,3 +109,16 @@ def enter(hosts: str | None = None) -> bool:
     if hosts and libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0:
         libc.mount(hosts.encode(), b"/etc/hosts", None, _MS_BIND, None)   # if refused: torch warns, no more
     return True
+
+
+def main(argv: list[str]) -> None:
+    """``python -m distlab.runtime.private_network FOLDER -- COMMAND...``: COMMAND in a network of
+    its own (its hosts file written into FOLDER), or, where Linux refuses one, as it is."""
+    folder, command = argv[0], argv[argv.index("--") + 1:]
+    if wanted():
+        enter(hosts_file(folder))
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -25,14 +25,17 @@ OFFLINE_VARIABLES = {
 """Compute nodes have no internet: libraries that would download must use their caches."""
 
 def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoint: str,
-                          rdzv_id: str, target: list[str], extra: list[str] = ()) -> str:
+                          rdzv_id: str, target: list[str], extra: list[str] = (),
+                          private_network_folder: str | None = None) -> str:
     """The shell line that ``srun`` runs once on every node: torchrun, joining the rendezvous.
 
     ``nnodes``, ``endpoint`` and ``rdzv_id`` may be shell variables (``"$SLURM_NNODES"``):
     they are expanded on the node. ``is_host`` is 1 on the step's first node only. Before
     torchrun starts, the node asks the kernel which of its interfaces reaches the rendezvous
     host (:mod:`.interconnect`): gloo and NCCL use that one, and torchrun tells the other nodes
-    this node's address on it.
+    this node's address on it. ``private_network_folder`` (a step on one node): torchrun and
+    its ranks start in a network of their own there (:mod:`distlab.runtime.private_network`,
+    its hosts file in that folder), whose loopback the rendezvous is on.
     """
     host = endpoint.rsplit(":", 1)[0]
     host = f'"{host}"' if "$" in host else shlex.quote(host)
@@ -43,7 +46,11 @@ def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoin
              '# gloo and NCCL talk over the interface that reaches the rendezvous (unless you chose one).',
              'export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$interface}" '
              'NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$interface}"']
-    parts = [f"exec {shlex.quote(python)} -m torch.distributed.run"]
+    torchrun = f"{shlex.quote(python)} -m torch.distributed.run"
+    if private_network_folder:
+        torchrun = (f"{shlex.quote(python)} -m distlab.runtime.private_network "
+                    f"{shlex.quote(private_network_folder)} -- {torchrun}")
+    parts = [f"exec {torchrun}"]
     parts += [a if "$" in a else shlex.quote(a) for a in args]
     parts += ['--local-addr="$address"', "--rdzv-conf=is_host=$(( SLURM_NODEID == 0 ))", shlex.join(target)]
     return "\n" + "\n".join(route) + "\n" + " \\\n    ".join(parts)  # one option per line: readable in a job script

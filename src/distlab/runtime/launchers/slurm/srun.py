@@ -3,7 +3,8 @@
 What ``"auto"`` picks inside an allocation: a notebook server started by JupyterHub as a Slurm
 job, a shell from ``salloc``, a batch script. ``srun`` runs here (so Ctrl-C and the notebook's
 death reach it as they reach torchrun on a laptop); it starts one torchrun on each node of
-the step, and those start the ranks.
+the step, and those start the ranks. A step on one node starts them in a network of their own
+(:mod:`distlab.runtime.private_network`): no other account on the node reaches their ports.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from distlab.runtime import private_network
 from distlab.runtime import rundir as files
 from distlab.runtime.launchers.agent import Agent
 from distlab.runtime.launchers.slurm import commands, remote, script
@@ -37,7 +39,11 @@ class SrunJob:
         self.hosts = hosts[:min(len(hosts), nprocs)]  # 2 ranks in a 4-node allocation: 2 nodes
         self.nproc_per_node = commands.ranks_per_node(nprocs, len(self.hosts))
         first = self.hosts[0]
-        self.endpoint = f"{commands.rendezvous_host(first, self.config.hostname_suffix)}:{commands.pick_port(first)}"
+        # every rank on one node: there they start in a network of their own, where the rendezvous
+        # is on its loopback (private_network); across nodes, on the first node's address
+        self.private = len(self.hosts) == 1 and private_network.wanted()
+        host = "127.0.0.1" if self.private else commands.rendezvous_host(first, self.config.hostname_suffix)
+        self.endpoint = f"{host}:{commands.pick_port(first)}"
         self.cpus = commands.cpus_per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
         self.run_dir = self.shared_dir = remote.shared_run_dir(run_dir, self.config)
         self.step_name = f"distlab-{self.shared_dir.name}"
@@ -51,7 +57,8 @@ class SrunJob:
         target = ["--max-restarts=0", "--monitor-interval=0.05", NO_LOG_FOLDER, "--module", WORKER, str(self.shared_dir)]
         python = self.config.python or sys.executable   # the notebook runs inside the allocation
         line = script.torchrun_on_each_node(python, str(len(self.hosts)), self.nproc_per_node, self.endpoint,
-                                     self.step_name, target + (["--pool"] if self.pool else []))
+                                     self.step_name, target + (["--pool"] if self.pool else []),
+                                     private_network_folder=str(self.shared_dir) if self.private else None)
         return script.srun_command(self.hosts, self.step_name, line, self.cpus)
 
     def wait(self, call_dir: Path | None = None, timeout: float | None = None) -> list:
