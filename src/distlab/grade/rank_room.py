@@ -101,6 +101,7 @@ VARIABLE = "DISTLAB_RANK_ROOM"
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+_MS_RDONLY, _MS_REMOUNT = 1, 32
 _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 38, 24
 _CAPABILITY_VERSION_3 = 0x20080522
 _NOT_ON_PROC = ("/proc", "/sys", "/dev")
@@ -182,11 +183,13 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "making the mounts private")
     view = os.open(own, os.O_PATH | os.O_DIRECTORY)
     work = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY)
+    kept = [(point, os.open(point, os.O_PATH)) for point in _read_only_inside(covered)]
     try:
         for folder in covered:
             options = f"size={int(folder_mb)}m,nr_inodes={int(folder_files)},mode=1777"
             _check(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()),
                    f"a private folder on {folder}")
+        _show_again(libc, kept)
         os.makedirs(cwd, exist_ok=True)
         _copy_files(work, cwd)
         os.makedirs(run_dir, exist_ok=True)
@@ -195,6 +198,8 @@ def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER
     finally:
         os.close(view)
         os.close(work)
+        for _, fd in kept:
+            os.close(fd)
     os.chdir(cwd)
     _seal(libc)
     limits.resume_watchdogs(watchdogs)
@@ -248,6 +253,33 @@ def _private_folders(cwd: str) -> list[str]:
               and (w == "/dev/shm" or not any(w == p or w.startswith(p + "/") for p in _NOT_ON_PROC))}
     return sorted((w for w in wanted if not any(w.startswith(o + "/") for o in wanted)),
                   key=lambda p: (p.count("/"), p))
+
+
+def _read_only_inside(covered: list[str]) -> list[str]:
+    """The read-only mounts inside a folder the room covers, outermost first: the course's code
+    and Python when they live there (a clone in ``/tmp``, a virtual environment in a home). The
+    sandbox shows them read-only; covering their folder would hide them from the rank."""
+    points = set()
+    with open("/proc/self/mountinfo") as table:
+        for line in table:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            if "ro" in fields[5].split(",") and any(point.startswith(folder + "/") for folder in covered):
+                points.add(point)
+    return sorted(points, key=lambda p: (p.count("/"), p))
+
+
+def _show_again(libc, kept: list[tuple[str, int]]) -> None:
+    """Bind each read-only mount of :func:`_read_only_inside` (held open before its folder was
+    covered) back at its place on top of the rank's own folder, and make sure it is still
+    read-only there: a writable one would be a place every rank sees."""
+    for point, fd in kept:
+        os.makedirs(point, exist_ok=True)
+        _check(libc.mount(f"/proc/self/fd/{fd}".encode(), point.encode(), None, _MS_BIND, None),
+               f"showing {point} again, read-only")
+        if not os.statvfs(point).f_flag & os.ST_RDONLY:
+            _check(libc.mount(None, point.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None),
+                   f"making {point} read-only")
 
 
 def _copy_files(source_fd: int, folder: str) -> None:
