@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -307,3 +308,53 @@ def test_chapters_that_make_groups_of_their_own_keep_the_network_and_lose_the_re
                                                           "kwargs": {}}], "07-3d-parallelism")}
     assert list(steps) == ["prepare", "f", "enter"] and steps["enter"]["kwargs"] == {"network": False}
     assert rank_room.around([], "02-collectives")[-1]["kwargs"] == {"network": True}
+
+
+PROBE = textwrap.dedent(r'''
+import sys
+from distlab.grade import rank_room
+from distlab.runtime.pool import Pool
+
+CODE = sys.argv[1]
+
+
+def import_and_write():
+    """In the room: import a module from CODE, then try to leave a file there."""
+    sys.path.insert(0, CODE)
+    import room_probe_module
+    try:
+        open(CODE + "/left-by-a-rank", "w").close()
+        wrote = "wrote"
+    except OSError as exc:
+        wrote = type(exc).__name__
+    return room_probe_module.ANSWER, wrote
+
+
+caps = [{"module": "distlab.grade.limits", "function": "apply", "when": "start", "kwargs": {"processes": 8}}]
+with Pool(2, launcher="fork", start_setup=rank_room.around(caps, "02-collectives")) as pool:
+    print("FOUND", pool.run(import_and_write, timeout=60))
+''')
+
+
+def test_code_shown_read_only_under_tmp_stays_importable_and_read_only_in_the_room(tmp_path, monkeypatch):
+    """A clone of the course in /tmp (as a fresh clone may be) puts its code in a read-only mount
+    inside the sandbox's /tmp; the rank's own /tmp must not hide it (it once did: every graded
+    rank failed to import distlab.grade.protect and the whole class scored 0), and what is shown
+    again must stay read-only, or it would be a folder every rank shares."""
+    code = tempfile.mkdtemp(prefix="distlab-room-code-", dir="/tmp")
+    try:
+        with open(os.path.join(code, "room_probe_module.py"), "w") as module:
+            module.write("ANSWER = 42\n")
+        os.chmod(code, 0o755)
+        monkeypatch.syspath_prepend(code)   # a readable root of the sandbox, as a clone's src/ would be
+        (tmp_path / "probe.py").write_text(PROBE)
+        tmp_path.chmod(0o755)
+        bubblewrap.hand_over(str(tmp_path))
+        argv = bubblewrap.command([sys.executable, str(tmp_path / "probe.py"), code],
+                                  writable=[str(tmp_path)], cwd=str(tmp_path))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+        assert "FOUND [(42, 'OSError'), (42, 'OSError')]" in done.stdout, done.stdout[-3000:]
+        assert os.listdir(code) == ["room_probe_module.py"]
+    finally:
+        shutil.rmtree(code)
