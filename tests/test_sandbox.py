@@ -302,7 +302,9 @@ def test_a_submission_escaping_through_ctypes_scores_zero_and_leaves_the_class_i
                 if fd >= 0:
                     libc.close(fd)
                     got.append(path)
-            got = got[1:] if got[:1] == ["/tmp/{tag}"] else got  # /tmp is the sandbox's own (checked outside)
+            # inside, /tmp is the sandbox's own, and a graded rank's own copy of it (its room): a
+            # path there, the repository's too when the clone lives in /tmp, is checked outside
+            got = [path for path in got if not path.startswith("/tmp/")]
             other = os.path.join(os.getcwd(), "../../../submitted/aa-honest/{SLUG}/{SLUG}.ipynb")
             if libc.open(other.encode(), 0) >= 0:
                 got.append(other)
