@@ -81,6 +81,21 @@ LISTENER = textwrap.dedent(r'''
 ''')
 
 
+BUSY_RANKS = """
+def busy(seconds):
+    import torch, torch.distributed as dist
+    end, calls = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        total = torch.ones(4) * (dist.get_rank() + 1)
+        dist.all_reduce(total)
+        calls += 1
+        time.sleep(0.05)
+    return total.tolist(), calls
+"""
+"""The victim's ranks (source for a program that imports time): all-reduce every 50 ms for
+``seconds``, so that a second account has a live store and live gloo ports to go at."""
+
+
 @functools.lru_cache(maxsize=1)
 def python_for_any_account() -> str:
     """A Python with the course's packages that any account can run (hub/demo.py's bridge, where

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from eavesdrop import BUSY_RANKS
 from process_support import REPEAT_UNDER_LOAD, alive_with_marker
 
 import distlab
@@ -398,16 +399,7 @@ VICTIM_RUN = """
 import json, time
 import distlab
 
-def busy(seconds):
-    import torch, torch.distributed as dist
-    end, calls = time.monotonic() + seconds, 0
-    while time.monotonic() < end:
-        total = torch.ones(4) * (dist.get_rank() + 1)
-        dist.all_reduce(total)
-        calls += 1
-        time.sleep(0.05)
-    return total.tolist(), calls
-
+""" + BUSY_RANKS + """
 print(json.dumps(distlab.run(busy, 10, nprocs=2, timeout=180)))
 """
 

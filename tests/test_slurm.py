@@ -832,21 +832,14 @@ def test_a_process_that_leaves_its_jobs_session_still_ends_with_the_job(slurm_en
     assert not left, "a process that left its job's session outlived the job"
 
 
+from eavesdrop import BUSY_RANKS  # noqa: E402 - beside the program that uses it
+
 ONE_NODE_RUN = """
 import json, time
 import distlab
 from distlab.runtime import launchers
 
-def busy(seconds):
-    import torch, torch.distributed as dist
-    end, calls = time.monotonic() + seconds, 0
-    while time.monotonic() < end:
-        total = torch.ones(4) * (dist.get_rank() + 1)
-        dist.all_reduce(total)
-        calls += 1
-        time.sleep(0.05)
-    return total.tolist(), calls
-
+""" + BUSY_RANKS + """
 print("launcher:", launchers.choose("auto").__name__)
 print("RESULT " + json.dumps(distlab.run(busy, 15, nprocs=2, timeout=180)))
 """
