@@ -27,7 +27,7 @@ import pytest
 from process_support import run_in_own_group
 
 from distlab import chapters
-from distlab.grade import authoring, chapter_rows, exercise, new_chapter, new_chapter_text
+from distlab.grade import authoring, book_checks, chapter_rows, exercise, new_chapter, new_chapter_text
 
 REPO = Path(__file__).resolve().parent.parent
 TITLE = "A sample chapter"
@@ -202,7 +202,7 @@ def test_new_chapter_refuses_a_malformed_slug_or_package_and_a_chapter_that_exis
 
 def test_new_chapter_refuses_before_writing_anything_a_chapter_it_cannot_place(tmp_path):
     """Where one of the three lists of chapters has lost its bounds, or no description is given."""
-    places = ["src/distlab/chapters.py", "_toc.yml", "_config.yml", *chapter_rows.PLACES]
+    places = ["src/distlab/chapters.py", "_toc.yml", "_config.yml", book_checks.GLOSSARY, *chapter_rows.PLACES]
     without_bounds = {
         chapter_rows.MAP: lambda text: text.replace("===", "---"),
         chapter_rows.README: lambda text: text.replace(chapter_rows.END, ""),
@@ -226,11 +226,27 @@ def scratch_repo(tmp_path: Path) -> Path:
     """What ``new_chapter.make`` reads and writes, copied: the registry, the toc, the config, the
     three lists of chapters, and the solutions (the spread of right letters is read from them)."""
     repo = tmp_path / "repo"
-    for name in ["src/distlab/chapters.py", "_toc.yml", "_config.yml", *chapter_rows.PLACES]:
+    for name in ["src/distlab/chapters.py", "_toc.yml", "_config.yml", book_checks.GLOSSARY, *chapter_rows.PLACES]:
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, repo / name)
     shutil.copytree(REPO / "solutions", repo / "solutions")
     return repo
+
+
+def test_new_chapter_refuses_an_about_that_uses_a_glossary_term_unlinked(tmp_path):
+    """Chapter 8's --about put "ring attention" unlinked into the book's introduction, and
+    test_book failed only after every file was written. The command now refuses first, names
+    the term and the link to write; the same sentence with the link goes through."""
+    repo = scratch_repo(tmp_path)
+    slug = f"{chapters.CHAPTERS[-1].number + 1:02d}-sample-chapter"
+    before = files_of(repo)
+    with pytest.raises(ValueError, match=r"--about uses glossary terms without linking them: 'ring attention'.*"
+                                         r"\{term\}`ring attention`"):
+        new_chapter.make(repo, slug, TITLE, "splitting a long sequence across ranks with ring attention")
+    assert files_of(repo) == before, "the command wrote something before it refused"
+    written, _ = new_chapter.make(repo, slug, TITLE, "splitting a long sequence across {term}`ranks <rank>` "
+                                                     "with {term}`ring attention`")
+    assert any(path.name == "chapters.py" for path in written)
 
 
 @pytest.mark.parametrize("questions", sorted(new_chapter.QUESTIONS))

@@ -41,7 +41,7 @@ import re
 from pathlib import Path
 from string import Template
 
-from distlab.grade import authoring, chapter_rows, exercise
+from distlab.grade import authoring, book_checks, chapter_rows, exercise
 from distlab.grade.new_chapter_text import (
     CHOICE_PROMPT,
     CHOICE_RIGHT,
@@ -82,8 +82,9 @@ def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: st
          questions: str = "both") -> tuple[list[Path], list[Path]]:
     """Write the chapter's files into the repository ``repo``; return them, and the files of an
     existing package it kept as they were. Refuses (ValueError) a malformed slug or package, an
-    empty description, a chapter whose number or folders exist already, a package that is not a
-    folder or has a ``reference.py`` already, or a chapter the three lists of chapters cannot take."""
+    empty description or one using a glossary term unlinked, a chapter whose number or folders
+    exist already, a package that is not a folder or has a ``reference.py`` already, or a
+    chapter the three lists of chapters cannot take."""
     import yaml
 
     repo = Path(repo)
@@ -96,6 +97,7 @@ def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: st
         raise ValueError("--about: one sentence on what the chapter is about (no double quotes), e.g. "
                          "'splitting a long sequence across ranks, and ring attention.'")
     about = about if about.endswith(".") else about + "."
+    unlinked_in_about(repo, about)
     if not (package.startswith("distlab.") and short.isidentifier() and short.islower()):
         raise ValueError(f"{package!r}: a chapter's package is distlab.<lowercase name>")
     registry = (repo / "src" / "distlab" / "chapters.py").read_text()
@@ -145,6 +147,21 @@ def make(repo: str | os.PathLike, slug: str, title: str, about: str, package: st
     written.append(repo / "_toc.yml")
     written += [repo / place for place in chapter_rows.write(repo, chapter_rows.load(repo))]
     return written, kept
+
+
+def unlinked_in_about(repo: Path, about: str) -> None:
+    """Refuse an ``--about`` that uses a glossary term without linking it. The sentence goes
+    into the book's introduction, where every term a page uses is a link to the glossary
+    (``test_every_page_links_the_glossary_terms_it_uses``): caught here, the author fixes one
+    argument instead of reading a failing book test after the files are written."""
+    entries = book_checks.glossary_entries(repo)
+    spelling = {name.lower(): name for entry in entries for name in entry}
+    unlinked = [name if spelling[name] == name.capitalize() else spelling[name]   # "rank", but "ZeRO"
+                for name in book_checks.unlinked_terms(about, entries)]
+    if unlinked:
+        links = ", ".join(f"{{term}}`{name}`" for name in unlinked)
+        raise ValueError(f"--about uses glossary terms without linking them: {', '.join(map(repr, unlinked))}; "
+                         f"write {links} (the book links every term it uses to the glossary)")
 
 
 def existing_package(folder: Path, repo: Path) -> list[Path]:
