@@ -333,19 +333,25 @@ RING_CASES = [(name, seq, causal, dtype) for name in LAYOUTS for seq in LENGTHS 
               for dtype in DTYPES]
 
 
-@pytest.mark.parametrize("n", WORLD_SIZES)
-@pytest.mark.parametrize("case", RING_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_ring_attention_matches_single_process_attention_and_gradients(results, n, case):
+def assert_matches_single_process(results, n, method, case):
+    """The output and the gradients of q, k and v that ``method`` computed on ``n`` ranks, put
+    back in sequence order, against one process's attention (tolerances: ``TOLERANCE``)."""
     name, seq, causal, dtype = case
     the_layout = make_layout(name, seq, n)
-    per_rank = [r[("ring", *case)] for r in results[n]]
+    per_rank = [r[(method, *case)] for r in results[n]]
     want_out, *want_grads = single_process(seq, causal, dtype)
     tolerance = TOLERANCE[getattr(torch, dtype)]
     got_out = layout.unshard([r["out"] for r in per_rank], the_layout)
-    checks.assert_tensor_close(got_out, want_out, f"ring output ({n} ranks)", **tolerance)
+    checks.assert_tensor_close(got_out, want_out, f"{method} output ({n} ranks)", **tolerance)
     for i, what in enumerate("qkv"):
         got = layout.unshard([r["grads"][i] for r in per_rank], the_layout)
-        checks.assert_tensor_close(got, want_grads[i], f"gradient of {what} ({n} ranks)", **tolerance)
+        checks.assert_tensor_close(got, want_grads[i], f"{method} gradient of {what} ({n} ranks)", **tolerance)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("case", RING_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_ring_attention_matches_single_process_attention_and_gradients(results, n, case):
+    assert_matches_single_process(results, n, "ring", case)
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
@@ -437,16 +443,7 @@ def test_too_short_a_sequence_and_a_shard_of_the_wrong_length_are_refused(result
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("case", ULYSSES_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_ulysses_matches_single_process_attention_and_gradients(results, n, case):
-    name, seq, causal, dtype = case
-    the_layout = make_layout(name, seq, n)
-    per_rank = [r[("ulysses", *case)] for r in results[n]]
-    want_out, *want_grads = single_process(seq, causal, dtype)
-    tolerance = TOLERANCE[getattr(torch, dtype)]
-    got_out = layout.unshard([r["out"] for r in per_rank], the_layout)
-    checks.assert_tensor_close(got_out, want_out, f"Ulysses output ({n} ranks)", **tolerance)
-    for i, what in enumerate("qkv"):
-        got = layout.unshard([r["grads"][i] for r in per_rank], the_layout)
-        checks.assert_tensor_close(got, want_grads[i], f"Ulysses gradient of {what} ({n} ranks)", **tolerance)
+    assert_matches_single_process(results, n, "ulysses", case)
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
