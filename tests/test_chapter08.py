@@ -252,7 +252,7 @@ def test_a_ring_that_sends_the_wrong_way_or_a_block_too_many_fails_the_record_ch
     block = ring.kv_block_bytes(8, 1, 1, 4, 4)
     case = [(16, 1, 1, 4, 4)]
     relay_checks.assert_kv_ring(results_with([(0, 1, block // 2), (0, 1, block // 2), (1, 0, block)]), 2, case)
-    on_4 = [(r, (r + 1) % 4, 4 * 4 * 4 // 2) for r in range(4) for _ in range(6)]      # 4 tokens a rank, 3 steps
+    on_4 = [(r, (r + 1) % 4, ring.kv_block_bytes(4, 1, 1, 4, 4) // 2) for r in range(4) for _ in range(6)]  # 3 steps
     relay_checks.assert_kv_ring(results_with(on_4), 4, [(16, 1, 1, 4, 4)])
     with pytest.raises(CheckFailed, match=r"rank 1 sent 64 bytes to rank 0; a ring passes its blocks to the right"):
         relay_checks.assert_kv_ring(results_with(on_4[:6] + [(1, 0, 64)]), 4, [(16, 1, 1, 4, 4)])
