@@ -326,6 +326,8 @@ def bubble_fraction(spans):
 '''
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_task_1_over_a_gloo_group_of_its_own_and_task_3_gathered_around_the_recorder_score_zero(tmp_path):
     """Task 1's activations over a gloo group the ranks make from a TCPStore of their own, with zeros
     of the right sizes through the relay so the record looks right: each graded rank has no network
@@ -340,7 +342,3 @@ def test_task_1_over_a_gloo_group_of_its_own_and_task_3_gathered_around_the_reco
         tmp_path, SLUG, dict(solution, **{"task1-answer": task1, "task3-answer": SPANS_GATHERED_AROUND_THE_RECORDER}),
         {"task1-tests": "activations over a gloo group of the ranks' own", "task3-tests": "spans gathered"},
         reasons=("Network is unreachable", "bubble_fraction: rank 0 called all_gather"))
-
-
-test_task_1_over_a_gloo_group_of_its_own_and_task_3_gathered_around_the_recorder_score_zero = pytest.mark.slow(
-    pytest.mark.timeout(900)(test_task_1_over_a_gloo_group_of_its_own_and_task_3_gathered_around_the_recorder_score_zero))
