@@ -15,8 +15,9 @@ divided by ``m`` (the loss), a stage that forgets ``requires_grad_()`` on what i
 ``x.grad`` is None: sending it raises on the rank), a stage run by ``stage.forward(x)`` (the
 Recorder sees no forwards), GPipe submitted as 1F1B and a 1F1B with one warm-up forward too
 many (the micro-batches in flight), a PipelineRank with blocking ``dist.send`` (GPipe passes,
-1F1B deadlocks and ends in a DistTimeout after the test's TIMEOUT), a bubble computed from one
-rank's own spans (the value), and one computed in float32 (the value: the clock's readings are
+1F1B deadlocks and ends in a DistTimeout after the test's TIMEOUT, on the relay as on gloo: a
+send there waits for its receiver), a bubble computed from one rank's own spans (the value),
+and one computed in float32 (the value: the clock's readings are
 near 73 123 s, where float32 steps by 0.008 s).
 
 Timing, ``grade class`` of the solution and the blank release together, per notebook, on the
