@@ -66,3 +66,47 @@ def batch_sampler_shard(num_samples, global_batch_size, epoch, seed, rank, world
 test_a_sampler_without_padding_and_strided_slices_score_zero = gs.wrong_answers_test(
     SLUG, {"task1-answer": NO_PADDING, "task2-answer": STRIDED_SLICES},
     {"task1-tests": "a sampler without padding", "task2-tests": "strided slices"})
+# -- issue 43: graded ranks talk only through the grader's relay, which records every message ----
+
+DISPATCHED_BY_RANK_0 = '''
+def shard_indices(num_samples, epoch, seed, shuffle, drop_last, rank, world_size):
+    """Rank 0 alone computes the order and hands it out with a built-in broadcast (not forbidden
+    here): right lists on every rank, so it passed on gloo; the task's ranks send nothing."""
+    per_rank = num_samples // world_size if drop_last else -(-num_samples // world_size)
+    order = torch.zeros(max(num_samples, per_rank * world_size), dtype=torch.long)
+    if rank == 0:
+        base = (torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)) if shuffle
+                else torch.arange(num_samples)).tolist()
+        while len(base) < per_rank * world_size:
+            base += base[: per_rank * world_size - len(base)]
+        order[: per_rank * world_size] = torch.tensor(base[: per_rank * world_size])
+    dist.broadcast(order, src=0)
+    return [int(i) for i in order[: per_rank * world_size][rank::world_size]]
+'''
+
+SLICES_THROUGH_TMP = '''
+def batch_sampler_shard(num_samples, global_batch_size, epoch, seed, rank, world_size):
+    """Rank 0 writes the global batches to a file in /tmp and the others read it (a channel the
+    grader does not own): each graded rank has a /tmp of its own, so the others find nothing."""
+    import os
+    import time
+    path = f"/tmp/batches-{num_samples}-{global_batch_size}-{epoch}-{seed}.pt"
+    if rank == 0:
+        order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch))
+        steps = num_samples // global_batch_size
+        torch.save(order[: steps * global_batch_size].view(steps, global_batch_size), path + ".part")
+        os.replace(path + ".part", path)
+    deadline = time.monotonic() + 5
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise FileNotFoundError(f"rank {rank}: {path} never appeared")
+        time.sleep(0.05)
+    batches = torch.load(path)
+    per_rank = global_batch_size // world_size
+    return [batch[rank * per_rank:(rank + 1) * per_rank].tolist() for batch in batches]
+'''
+
+test_a_sampler_dispatched_by_broadcast_and_slices_through_tmp_score_zero = gs.wrong_answers_test(
+    SLUG, {"task1-answer": DISPATCHED_BY_RANK_0, "task2-answer": SLICES_THROUGH_TMP},
+    {"task1-tests": "a sampler rank 0 computes and broadcasts", "task2-tests": "slices handed out through /tmp"},
+    reasons=("a distributed sampler needs no communication", "broadcast on ranks", "never appeared"))

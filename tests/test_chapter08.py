@@ -22,6 +22,7 @@ the blocks' outputs (test_independent_grading, Task 2 without the reference).
 from __future__ import annotations
 
 import grading_support as gs
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -203,3 +204,107 @@ test_a_merge_without_the_maximum_and_a_contiguous_mask_lose_their_own_tasks = gs
                             CONTIGUOUS_RINGS_MASK)},
     {"task1-tests": "a merge that overflows without the running maximum",
      "task2-tests": "a causal mask made for the contiguous layout"})
+
+
+# -- issue 43: graded ranks talk through the grader's relay, which records every message ---------
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_relays_record_of_the_solution_ring_is_its_schedule_exactly(n):
+    """The solution's ring, through the notebook's own runner (on the relay): each rank's messages,
+    in its own order, are the ring's schedule (keys then values of the block it holds, to its right
+    neighbour, N - 1 steps), their bytes add up to ring_bytes_per_step's, and the chapter's check of
+    the record accepts them; even chunks and uneven ones (19 tokens)."""
+    from distlab.relay import record
+
+    nb = gs.notebook_definitions(SLUG)
+    g = torch.Generator().manual_seed(3)
+    cases = [(*nb["qkv"]((2, 3, 19, 8), torch.float64, g), True), (*nb["qkv"]((1, 2, 16, 4), torch.float32, g), False)]
+    with distlab.Pool(n, backend="relay"):
+        with record.capture() as seen:
+            runs = nb["on_ranks"](nb["ring_here"], (nb["balanced_ring_attention"],), cases, n)
+    schedule = []
+    for q, k, _, _ in cases:
+        batch, heads, seq, head_dim = q.shape
+        cut = balance.balanced(seq, n)
+        blocks = [ring.kv_block_bytes(cut.tokens(r), batch, heads, head_dim, k.element_size()) for r in range(n)]
+        schedule += record.kv_ring_schedule(blocks)
+        for rank in range(n):
+            by_step = ring.ring_bytes_per_step(cut, rank, batch, heads, head_dim, k.element_size())
+            assert sum(b for src, _, b in record.kv_ring_schedule(blocks) if src == rank) == sum(s for s, _ in by_step)
+    assert record.by_sender(seen.messages()) == record.by_sender(schedule)
+    assert seen.collectives() == [] and runs.record.entries == seen.entries
+    nb["relay_checks"].assert_kv_ring(runs, n, [(q.shape[-2], *k.shape[:2], k.shape[-1], k.element_size())
+                                                 for q, k, _, _ in cases])
+
+
+def test_a_ring_that_sends_the_wrong_way_or_a_block_too_many_fails_the_record_check():
+    """The check on made-up records of one case on 2 ranks (16 tokens, 8 per rank, float32, 1 x 1 x 4):
+    keys and values together in one message pass; sent to the left, or one block more, they fail."""
+    from distlab.grade import relay_checks
+    from distlab.grade.checks import CheckFailed
+    from distlab.relay import record
+
+    def results_with(messages):
+        run = type("Run", (list,), {})()
+        run.record, run.wire = record.Record([record.Message(*m) for m in messages]), None
+        return run
+
+    block = ring.kv_block_bytes(8, 1, 1, 4, 4)
+    case = [(16, 1, 1, 4, 4)]
+    relay_checks.assert_kv_ring(results_with([(0, 1, block // 2), (0, 1, block // 2), (1, 0, block)]), 2, case)
+    on_4 = [(r, (r + 1) % 4, ring.kv_block_bytes(4, 1, 1, 4, 4) // 2) for r in range(4) for _ in range(6)]  # 3 steps
+    relay_checks.assert_kv_ring(results_with(on_4), 4, [(16, 1, 1, 4, 4)])
+    with pytest.raises(CheckFailed, match=r"rank 1 sent 64 bytes to rank 0; a ring passes its blocks to the right"):
+        relay_checks.assert_kv_ring(results_with(on_4[:6] + [(1, 0, 64)]), 4, [(16, 1, 1, 4, 4)])
+    with pytest.raises(CheckFailed, match=r"rank 1 sent 1 messages more than the ring's blocks"):
+        relay_checks.assert_kv_ring(results_with([(0, 1, block), (1, 0, block), (1, 0, block)]), 2, case)
+    with pytest.raises(CheckFailed, match=r"case 0, step 0: rank 0 sent \[128\] bytes"):
+        relay_checks.assert_kv_ring(results_with([(0, 1, block // 2), (1, 0, block)]), 2, case)
+
+
+GC_BUILTIN_ALL_GATHER_BEHIND_A_RING_OF_ZEROS = '''
+def balanced_ring_attention(q, k, v, seq, causal=True):
+    """The guard's registrations removed through the garbage collector, every rank's keys and
+    values fetched with the built-in all-gather (a functional operator looked up afresh), and the
+    ring's schedule sent with zeros so that the rank's own byte count looks right: on gloo this
+    scored full marks."""
+    import gc
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.library.Library):
+            obj._destroy()
+    ops = torch._ops._OpNamespace("_c10d_functional")
+    world, me = dist.get_world_size(), dist.get_rank()
+    pieces = torch.tensor_split(torch.arange(seq), 2 * world)
+    where = [torch.cat([pieces[i], pieces[2 * world - 1 - i]]) for i in range(world)]
+    most = max(len(w) for w in where)
+
+    def everyones(t):
+        padded = t.new_zeros(*t.shape[:2], most, t.shape[-1])
+        padded[..., : t.shape[-2], :] = t
+        whole = ops.wait_tensor(ops.all_gather_into_tensor(padded.contiguous(), world, dist.group.WORLD.group_name))
+        return [block[..., : len(where[r]), :] for r, block in enumerate(whole.chunk(world))]
+
+    keys, values = everyones(k), everyones(v)
+    holder = me
+    for _ in range(world - 1):          # the ring, with zeros: the right sizes to the right neighbour
+        arriving = (holder - 1) % world
+        size = (*k.shape[:2], len(where[arriving]), k.shape[-1])
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.zeros_like(keys[holder]), (me + 1) % world),
+                                            dist.P2POp(dist.isend, torch.zeros_like(values[holder]), (me + 1) % world),
+                                            dist.P2POp(dist.irecv, k.new_empty(size), (me - 1) % world),
+                                            dist.P2POp(dist.irecv, v.new_empty(size), (me - 1) % world)]):
+            work.wait()
+        holder = arriving
+    parts = []
+    for h in range(world):
+        mask = where[h].unsqueeze(0) <= where[me].unsqueeze(1) if causal else None
+        parts.append(block_attention(q, keys[h], values[h], mask))
+    return merge_partials(parts)[0]
+'''
+
+# On the relay the built-in all-gather has no gloo connection to go over: it either fails (the
+# relay refuses torch's functional collectives) or goes through the router, which records it and
+# the ring check refuses it ("built-in collectives"). Either way Task 2 scores 0, Task 1 keeps its points.
+test_a_builtin_all_gather_with_the_guard_removed_behind_a_ring_of_zeros_scores_zero = gs.wrong_answers_test(
+    SLUG, {"task2-answer": GC_BUILTIN_ALL_GATHER_BEHIND_A_RING_OF_ZEROS},
+    {"task2-tests": "a built-in all-gather with the guard removed, behind a ring of zeros"})

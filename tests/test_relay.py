@@ -165,3 +165,62 @@ def test_a_rank_cannot_sign_for_another_and_holds_only_its_own_end(relay_pools):
 def test_relay_runs_only_where_the_launcher_can_hand_out_descriptors():
     with pytest.raises(ValueError, match="relay"):
         distlab.run(lambda: 0, nprocs=2, backend="relay", launcher="local")
+
+
+def send_to_each_other(numel):
+    """Both ranks first send to the other, then receive: gloo's send waits for its receiver, so
+    this deadlocks there; it must deadlock on the relay too (chapter 6's 1F1B with blocking sends)."""
+    other = 1 - dist.get_rank()
+    dist.send(torch.ones(numel), dst=other)
+    got = torch.empty(numel)
+    dist.recv(got, src=other)
+    return got
+
+
+def test_a_send_waits_for_its_receiver_as_on_gloo(relay_pools):
+    from distlab import DistTimeout
+
+    for backend in ("relay", None):
+        with pytest.raises(DistTimeout, match=r"rank 0: blocked in send\(float32\[3\], to rank 1"):
+            distlab.run(send_to_each_other, 3, nprocs=2, backend=backend, timeout=6)
+
+
+def isend_waits_then_shapes():
+    """Rank 0's isend completes only after rank 1 posted its receive (1 s later); an empty tensor
+    of shape (0, 12345) arrives without its shape."""
+    import time
+
+    r = dist.get_rank()
+    if r == 0:
+        start = time.monotonic()
+        work = dist.isend(torch.arange(6.0).reshape(2, 3), dst=1)
+        early = work.is_completed()
+        work.wait()
+        dist.send(torch.empty(0, 12345), dst=1, tag=3)
+        return early, time.monotonic() - start
+    time.sleep(1.0)
+    got = torch.empty(3, 2)
+    dist.recv(got, src=0)
+    from distlab.relay import link as relay_link
+
+    peeked = []
+    original = relay_link.Work.complete
+
+    def peek(work, parts, payload):
+        peeked.append(parts)
+        return original(work, parts, payload)
+    relay_link.Work.complete = peek
+    try:
+        dist.recv(torch.empty(0), src=0, tag=3)
+    finally:
+        relay_link.Work.complete = original
+    return got, peeked
+
+
+def test_an_isend_completes_when_its_receive_is_posted_and_shapes_do_not_travel(relay_pools):
+    with record.capture() as seen:
+        (early, waited), (got, peeked) = distlab.run(isend_waits_then_shapes, nprocs=2, backend="relay")
+    assert not early and waited >= 0.9, (early, waited)
+    assert torch.equal(got, torch.arange(6.0).reshape(3, 2))   # the bytes, in the receiver's shape
+    assert peeked == [[["float32", [0]]]]                       # not (0, 12345): a shape carries no data
+    assert [(m.src, m.dst, m.nbytes) for m in seen.messages()] == [(0, 1, 24), (0, 1, 0)]

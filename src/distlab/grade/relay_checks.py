@@ -11,7 +11,17 @@ the ranks' own (:mod:`distlab.tools.comm`, which a rank's code can reach around 
 * :func:`assert_relay_bytes`: a byte limit per rank (chapter 0), counted exactly, so with no
   allowance at all;
 * :func:`assert_relay_calls`: the collectives each rank called, in order, with their sizes
-  (chapter 3's buckets).
+  (chapter 3's buckets);
+* :func:`assert_relay_silent`: nothing at all went through it (chapter 1's sampler, which
+  each rank computes alone);
+* :func:`assert_pipeline_messages`: chapter 6's schedules (activations to the next stage only,
+  gradients to the previous one only, one per micro-batch, of its size, no collective), and
+  :func:`assert_few_all_reduces` its bubble task (all-reduces of a few numbers only);
+* :func:`assert_kv_ring`: chapter 8's ring attention (key/value blocks to the right neighbour
+  only, step by step exactly the bytes of
+  :func:`distlab.context_parallel.ring.ring_bytes_per_step`, no collective).
+
+The checks on the record are exact (no allowance): a byte more or less fails them.
 
 All raise :class:`~distlab.grade.failures.CheckFailed` with a message a student may read. A run
 that was not on the relay fails them too: a test that forgot ``network="relay"`` must not pass
@@ -97,3 +107,100 @@ def assert_relay_calls(results, n: int, expected: list[tuple[str, int]], what: s
             raise CheckFailed(f"rank {rank}'s collectives, as the grader's network saw them: {shown}"
                               f"{' ...' if len(made) > 8 else ''}; {what} calls {want}"
                               f"{' ...' if len(expected) > 8 else ''}")
+
+
+# -- chapters 1, 6 and 8 ---------------------------------------------------------------------------
+
+def _sizes(values) -> str:
+    shown = ", ".join(map(str, values[:6]))
+    return f"[{shown}{', ...' if len(values) > 6 else ''}]"
+
+
+def _no_collective(seen, what: str, made_of: str) -> None:
+    if seen.collectives():
+        ops = sorted({c.op for c in seen.collectives()})
+        raise CheckFailed(f"the grader's network saw {what} call built-in collectives ({', '.join(ops)}); "
+                          f"it is made of {made_of} only")
+
+
+def assert_relay_silent(results, n: int, what: str) -> None:
+    """Nothing went through the grader's network while ``what`` ran: no message, no collective."""
+    seen = record_of(results)
+    if seen.entries:
+        raise CheckFailed(f"{what} needs no communication (every rank computes its own share from the seed), "
+                          f"but the grader's network saw: {seen.describe()}")
+    assert_quiet_loopback(results, n)
+
+
+def assert_pipeline_messages(results, p: int, message_bytes: list[int], what: str = "the pipeline") -> None:
+    """Chapter 6: stage ``s`` sent its activations to ``s + 1`` only and its input gradients to
+    ``s - 1`` only, each one message per micro-batch in micro-batch order, of ``message_bytes``
+    (every case's micro-batches, in the order the run made them), and called no collective."""
+    seen = record_of(results)
+    _no_collective(seen, what, "send and receive")
+    for s in range(p):
+        mine = [m for m in seen.messages() if m.src == s]
+        astray = [m for m in mine if m.dst not in (s - 1, s + 1)]
+        if astray:
+            raise CheckFailed(f"{what}: rank {s} sent {astray[0].nbytes} bytes to rank {astray[0].dst}; a stage "
+                              f"sends to its neighbours only (ranks {s - 1} and {s + 1})")
+        for dst, kind, sends in ((s + 1, "activation", s < p - 1), (s - 1, "input gradient", s > 0)):
+            expected = list(message_bytes) if sends else []
+            got = [m.nbytes for m in mine if m.dst == dst]
+            if got != expected:
+                raise CheckFailed(f"{what}: rank {s} sent rank {dst} {len(got)} messages of {_sizes(got)} bytes, "
+                                  f"as the grader's network saw them; the schedule sends it {len(expected)}, one "
+                                  f"{kind} per micro-batch in order, of {_sizes(expected)} bytes")
+    assert_quiet_loopback(results, p)
+
+
+def assert_few_all_reduces(results, n: int, most_bytes: int, what: str) -> None:
+    """Every rank only all-reduced, at most ``most_bytes`` bytes in all (chapter 6's bubble: three
+    float64 numbers per case), and sent no message."""
+    seen = record_of(results)
+    if seen.messages():
+        raise CheckFailed(f"{what} sent point-to-point messages ({seen.describe()}); it combines its numbers "
+                          "with all-reduces")
+    for rank in range(n):
+        calls = seen.collective_calls(rank)
+        others = sorted({op for op, _ in calls} - {"all_reduce"})
+        if others:
+            raise CheckFailed(f"{what}: rank {rank} called {', '.join(others)}; it combines its numbers with "
+                              "all-reduces")
+        total = sum(size for _, size in calls)
+        if total > most_bytes:
+            raise CheckFailed(f"{what}: rank {rank} all-reduced {total} bytes, as the grader's network saw them; "
+                              f"three float64 numbers per case are {most_bytes} bytes")
+    assert_quiet_loopback(results, n)
+
+
+def assert_kv_ring(results, n: int, cases: list[tuple], what: str = "ring attention") -> None:
+    """Chapter 8: per case ``(seq, batch, heads, head_dim, element_size)`` on the balanced layout,
+    in the order the run made them, every rank sent its right neighbour ``N - 1`` key/value
+    blocks, step ``t`` exactly ``ring_bytes_per_step(...)[t]`` bytes (keys and values as one
+    message or two of half that), nothing else, and no collective was called."""
+    from distlab.context_parallel import balance, ring
+
+    seen = record_of(results)
+    _no_collective(seen, what, "send and receive")
+    for rank in range(n):
+        right = (rank + 1) % n
+        mine = [m for m in seen.messages() if m.src == rank]
+        astray = [m for m in mine if m.dst != right]
+        if astray:
+            raise CheckFailed(f"{what}: rank {rank} sent {astray[0].nbytes} bytes to rank {astray[0].dst}; a ring "
+                              f"passes its blocks to the right neighbour only (rank {right})")
+        sizes = [m.nbytes for m in mine]
+        for index, (seq, batch, heads, head_dim, element_size) in enumerate(cases):
+            steps = ring.ring_bytes_per_step(balance.balanced(seq, n), rank, batch, heads, head_dim, element_size)
+            for step, (block, _) in enumerate(steps[:-1]):
+                taken = sizes[:1] if sizes[:1] == [block] else sizes[:2]
+                if taken not in ([block], [block // 2, block // 2]):
+                    raise CheckFailed(f"case {index}, step {step}: rank {rank} sent {_sizes(taken)} bytes, as the "
+                                      f"grader's network saw them; this step passes on one key/value block of "
+                                      f"{block} bytes (keys and values: one message, or two of {block // 2})")
+                sizes = sizes[len(taken):]
+        if sizes:
+            raise CheckFailed(f"{what}: rank {rank} sent {len(sizes)} messages more than the ring's blocks "
+                              f"({_sizes(sizes)} bytes)")
+    assert_quiet_loopback(results, n)

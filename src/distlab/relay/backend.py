@@ -23,8 +23,9 @@ torch builds on them for backends without coalescing), and ``all_reduce``, ``bro
 ``reduce``, ``all_gather`` (and ``all_gather_into_tensor``), ``reduce_scatter`` (and
 ``reduce_scatter_tensor``), ``all_to_all`` (and ``all_to_all_single``), ``gather``, ``scatter``
 and ``barrier``, which the router performs centrally (:mod:`distlab.relay.collectives`). Groups
-made with ``new_group`` work too. A send returns once its bytes are with the router (an eager
-send, as gloo's for small messages); a receive waits until the message arrives.
+made with ``new_group`` work too. A send's work completes once the receiver has taken the
+message, as gloo's does (a blocking ``send`` waits for the matching ``recv``); a receive waits
+until the message arrives.
 
 Not provided: torch's functional collectives (``torch.ops._c10d_functional``, what DTensor
 uses) and ``recv`` from any source; they fail with an error instead of going around the router.
@@ -80,8 +81,9 @@ class RelayGroup(dist.ProcessGroup):
 
     def send(self, tensors, dst: int, tag: int = 0):
         parts, payload = frames.encode(tensors)
-        link().send({"k": "send", "dst": self._ranks[dst], "tag": tag, "parts": parts}, payload)
-        return Work("send", done=True)
+        work = Work(f"send to rank {self._ranks[dst]}")   # done once the receiver has taken it
+        link().send_message(work, {"k": "send", "dst": self._ranks[dst], "tag": tag, "parts": parts}, payload)
+        return work
 
     def recv(self, tensors, src: int, tag: int = 0):
         work = Work(f"recv from rank {self._ranks[src]}", _copy_into(tensors))

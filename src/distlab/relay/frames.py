@@ -117,6 +117,23 @@ def decode(parts: list, payload) -> list:
     return tensors
 
 
+def flat_parts(parts) -> list:
+    """``parts`` with every shape flattened to its number of elements: a receiver copies into its
+    own tensor's shape anyway, and a shape (of an empty tensor, say) must not carry data."""
+    if not isinstance(parts, list):
+        raise BrokenFrame(f"parts that are not a list: {parts!r:.80}")
+    flat = []
+    for part in parts:
+        if not (isinstance(part, list) and len(part) == 2 and isinstance(part[1], list)
+                and all(isinstance(s, int) and s >= 0 for s in part[1])):
+            raise BrokenFrame(f"a part described as {part!r:.80}")
+        numel = 1
+        for size in part[1]:
+            numel *= size
+        flat.append([part[0], [numel]])
+    return flat
+
+
 def parts_bytes(parts: list) -> int:
     """How many payload bytes parts describe (what the record counts)."""
     import torch

@@ -4,7 +4,13 @@
 here; the router answers on the same descriptor. What arrives is sorted by the reader
 thread: a message for a receive already posted completes it, one that came first waits in a
 mailbox keyed by sender and tag until its receive is posted, and the router's answer to a
-collective completes the :class:`Work` that waits for it. The descriptor comes from the
+collective completes the :class:`Work` that waits for it.
+
+A send completes when its receiver has taken it, as gloo's does: the moment a message meets
+its receive (on arrival, or later when the receive is posted), this end tells the router,
+which tells the sender (frames ``taken``). So two ranks that each block in ``dist.send`` to
+the other wait for ever here too (and the run's timeout names the call), instead of passing
+on the relay a schedule that deadlocks on gloo. The descriptor comes from the
 rank's launch, its number in ``$DISTLAB_RELAY_FD`` (the contract is in
 :mod:`distlab.relay.backend`'s docstring).
 """
@@ -83,6 +89,8 @@ class _Link:
         self._arrived: dict[tuple, deque] = {}    # (src, tag) -> messages not yet received
         self._posted: dict[tuple, deque] = {}     # (src, tag) -> receives waiting for a message
         self._replies: dict[tuple, Work] = {}    # (group, seq) -> collective waiting for its share
+        self._sends: dict[int, Work] = {}        # our number for a send -> its work, until it is taken
+        self._sent = 0
         self._broken: str | None = None
         self._wake_r, self._wake_w = os.pipe()    # tells the reader to stop between two frames
         self._reader = self._start_reader()
@@ -115,6 +123,19 @@ class _Link:
         with self._send_lock:
             frames.write(self.sock, header, payload)
 
+    def send_message(self, work: Work, header: dict, payload: list) -> None:
+        """Send a point-to-point message; ``work`` completes when the receiver has taken it."""
+        with self._lock:
+            self._sent += 1
+            number = self._sent
+            self._sends[number] = work
+        try:
+            self.send(dict(header, id=number), payload)
+        except RelayError as exc:
+            with self._lock:
+                self._sends.pop(number, None)
+            work.fail(str(exc))
+
     def post_receive(self, work: Work, src: int, tag: int) -> None:
         with self._lock:
             waiting = self._arrived.get((src, tag))
@@ -123,9 +144,18 @@ class _Link:
                 self._posted.setdefault((src, tag), deque()).append(work)
             broken = self._broken
         if message is not None:
-            work.complete(*message)
+            parts, payload, ref = message
+            self._taken(ref)
+            work.complete(parts, payload)
         elif broken:
             work.fail(broken)
+
+    def _taken(self, ref) -> None:
+        """Tell the router that the message it numbered ``ref`` met its receive (its sender waits)."""
+        try:
+            self.send({"k": "taken", "ref": ref}, [])
+        except (RelayError, OSError):
+            pass   # the link is gone: every waiting operation fails with that reason anyway
 
     def expect_reply(self, key: tuple, work: Work) -> None:
         with self._lock:
@@ -150,9 +180,15 @@ class _Link:
                 waiting = self._posted.get(key)
                 work = waiting.popleft() if waiting else None
                 if work is None:
-                    self._arrived.setdefault(key, deque()).append((header["parts"], payload))
+                    self._arrived.setdefault(key, deque()).append((header["parts"], payload, header.get("ref")))
             if work is not None:
+                self._taken(header.get("ref"))
                 work.complete(header["parts"], payload)
+        elif kind == "taken":
+            with self._lock:
+                work = self._sends.pop(header.get("id"), None)
+            if work is not None:
+                work.complete([], b"")
         elif kind in ("done", "error"):
             with self._lock:
                 work = self._replies.pop((header.get("group"), header.get("seq")), None)
@@ -166,9 +202,11 @@ class _Link:
     def _break(self, reason: str) -> None:
         with self._lock:
             self._broken = reason
-            works = [w for q in self._posted.values() for w in q] + list(self._replies.values())
+            works = ([w for q in self._posted.values() for w in q] + list(self._replies.values())
+                     + list(self._sends.values()))
             self._posted.clear()
             self._replies.clear()
+            self._sends.clear()
         for work in works:
             work.fail(reason)
 

@@ -21,6 +21,8 @@ The checks here are the exercises' rules, stated on the record:
   each to its right neighbour ``(r + 1) % N``, each one chunk of ``torch.tensor_split`` (so
   ``floor`` or ``ceil`` of ``numel / N`` elements), and no collective is called at all;
 * :func:`ring_schedule`: the exact messages of the book's ring, for tests of the relay itself;
+  :func:`pipeline_schedule` and :func:`kv_ring_schedule` the same for chapter 6's pipeline
+  and chapter 8's ring attention (their rules are checked in :mod:`distlab.grade.relay_checks`);
 * :meth:`Record.sent_by` and :meth:`Record.collective_calls`: the bytes a rank sent and the
   collectives it called, for byte limits (chapter 0) and call sequences (chapter 3).
 """
@@ -199,3 +201,34 @@ def check_ring(record: Record, n: int, cases: list[tuple], what: str = "a ring")
                                          f"message of {what} is one chunk ({' or '.join(map(str, sorted(allowed)))} "
                                          "bytes here)")
             index += phases * (n - 1)
+
+
+def pipeline_schedule(orders: list[list[str]], message_bytes: list[int]) -> list[tuple]:
+    """``(src, dst, bytes)`` of every message of a pipeline step, each stage's in its own order.
+
+    ``orders[s]``: stage ``s``'s actions (``"F3"``, ``"B0"``, ...) as it runs them;
+    ``message_bytes[i]``: bytes of micro-batch ``i``'s activation, and so of its gradient. F of
+    micro-batch ``i`` sends the activation to the next stage (unless last), B sends the
+    gradient of the stage's input to the previous one (unless first).
+    """
+    p, schedule = len(orders), []
+    for s, order in enumerate(orders):
+        for label in order:
+            i = int(label[1:])
+            if label[0] == "F" and s < p - 1:
+                schedule.append((s, s + 1, message_bytes[i]))
+            elif label[0] == "B" and s > 0:
+                schedule.append((s, s - 1, message_bytes[i]))
+    return schedule
+
+
+def kv_ring_schedule(block_bytes: list[int]) -> list[tuple]:
+    """``(src, dst, bytes)`` of chapter 8's ring: in step ``t`` rank ``r`` passes the block of rank
+    ``r - t`` (``block_bytes[r - t]``, keys and values together) to ``r + 1``, as two messages of
+    half that, keys then values; ``N - 1`` steps (the last block stays)."""
+    n, schedule = len(block_bytes), []
+    for r in range(n):
+        for step in range(n - 1):
+            half = block_bytes[(r - step) % n] // 2
+            schedule += [(r, (r + 1) % n, half), (r, (r + 1) % n, half)]
+    return schedule

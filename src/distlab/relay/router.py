@@ -8,7 +8,11 @@ the other. A thread of this process then serves every descriptor:
 
 * a ``send`` frame from rank ``s`` to ``d``: recorded as a :class:`~distlab.relay.record.Message`
   with ``src = s`` (the descriptor it came in on, not anything the rank wrote) and queued for
-  rank ``d``, whose backend keeps it until a matching ``recv`` takes it;
+  rank ``d``, whose backend keeps it until a matching ``recv`` takes it. What ``d`` gets is the
+  dtype, the number of elements and the bytes, under a number the router chose: not the
+  shape, nor the sender's own number for it, which would carry data the record does not count;
+* a ``taken`` frame from ``d``: that message met its receive, and the router tells ``s``,
+  whose send then completes (a send waits for its receiver, as gloo's does);
 * a ``coll`` frame: held until every rank of the group has handed in the same collective, then
   performed here (:mod:`distlab.relay.collectives`), recorded as one
   :class:`~distlab.relay.record.Collective`, and each rank's share sent back.
@@ -58,6 +62,7 @@ class Router:
         self._inbound = {rank: _Inbound() for rank in range(nprocs)}
         self._outbound = {rank: deque() for rank in range(nprocs)}
         self._pending: dict[tuple, dict] = {}
+        self._untaken: dict[int, tuple] = {}    # a message's number -> (sender, receiver, the sender's number)
         self._order = 0
         self._wake_read, self._wake_write = os.pipe()
         self._selector = selectors.DefaultSelector()
@@ -213,8 +218,16 @@ class Router:
             if not isinstance(dst, int) or not 0 <= dst < self.nprocs or dst == rank or not isinstance(tag, int):
                 self._queue(rank, {"k": "error", "message": f"rank {rank} cannot send to {dst!r}"}, b"")
                 return
-            record.publish(record.Message(rank, dst, len(payload), tag, self._next()))
-            self._queue(dst, {"k": "msg", "src": rank, "tag": tag, "parts": parts}, payload)
+            ref = self._next()
+            record.publish(record.Message(rank, dst, len(payload), tag, ref))
+            self._untaken[ref] = (rank, dst, header.get("id"))
+            self._queue(dst, {"k": "msg", "src": rank, "tag": tag, "parts": frames.flat_parts(parts), "ref": ref},
+                        payload)
+        elif kind == "taken":
+            sender = self._untaken.get(header.get("ref"))
+            if sender is not None and sender[1] == rank:       # only the receiver says it took a message
+                del self._untaken[header.get("ref")]
+                self._queue(sender[0], {"k": "taken", "id": sender[2]}, b"")
         elif kind == "coll":
             self._collective(rank, header, payload)
         else:
