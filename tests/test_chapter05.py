@@ -232,7 +232,7 @@ def test_the_test_helpers_accept_the_reference_on_the_shapes_they_offer():
     token (no leading dimensions), a leading dimension of 1, one block and three, a vocabulary
     of one entry per rank, logits large enough to overflow without the maximum."""
     nb = gs.notebook_definitions(SLUG)
-    with distlab.Pool(2):
+    with distlab.Pool(2, backend="relay"):
         nb["check_task1"]([(12, 16, (), 1), (2, 2, (1,), 2)], nprocs=2)
         nb["check_task2"]([(8, 16, 1, (1,), 3), (8, 16, 3, (2, 2), 4)], nprocs=2)
         nb["check_task3"]([((), 64, 3.0, 5), ((1,), 2, 3.0, 6), ((4,), 64, 200.0, 7)], nprocs=2)
