@@ -236,3 +236,21 @@ def test_the_test_helpers_accept_the_reference_on_the_shapes_they_offer():
         nb["check_task1"]([(12, 16, (), 1), (2, 2, (1,), 2)], nprocs=2)
         nb["check_task2"]([(8, 16, 1, (1,), 3), (8, 16, 3, (2, 2), 4)], nprocs=2)
         nb["check_task3"]([((), 64, 3.0, 5), ((1,), 2, 3.0, 6), ((4,), 64, 200.0, 7)], nprocs=2)
+
+
+# -- issue 43: the grader's network counts every byte, whatever the rank's own record says ----------
+
+test_whole_rows_all_reduced_around_the_rank_record_score_zero_on_task_3 = gs.wrong_answers_test(
+    SLUG, {"task3-answer": ("""        sums = probs.sum(dim=-1)
+        dist.all_reduce(sums)
+""", """        from distlab.tools import comm
+        totals = []
+        for row in probs.reshape(-1, width):         # each token's whole row, one at a time (never the
+            whole = row.new_zeros(n * width)         # full logits), all-reduced around the rank's recorder
+            whole[lo:lo + width] = row
+            comm.original("all_reduce")(whole)
+            totals.append(whole.sum())
+        sums = torch.stack(totals).reshape(probs.shape[:-1])
+""")},
+    {"task3-tests": "whole rows of the softmax all-reduced around the rank's recorder"},
+    reasons=["through the grader's network (counted there, outside the ranks)"])
