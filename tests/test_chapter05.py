@@ -240,17 +240,20 @@ def test_the_test_helpers_accept_the_reference_on_the_shapes_they_offer():
 
 # -- issue 43: the grader's network counts every byte, whatever the rank's own record says ----------
 
-test_whole_rows_all_reduced_around_the_rank_record_score_zero_on_task_3 = gs.wrong_answers_test(
+test_whole_rows_all_reduced_with_the_guard_removed_score_zero_on_task_3 = gs.wrong_answers_test(
     SLUG, {"task3-answer": ("""        sums = probs.sum(dim=-1)
         dist.all_reduce(sums)
-""", """        from distlab.tools import comm
+""", """        import gc
+        for obj in gc.get_objects():                 # the guard's own registrations, removed
+            if isinstance(obj, torch.library.Library):
+                obj._destroy()
+        ops = torch._ops._OpNamespace("_c10d_functional")
         totals = []
         for row in probs.reshape(-1, width):         # each token's whole row, one at a time (never the
-            whole = row.new_zeros(n * width)         # full logits), all-reduced around the rank's recorder
+            whole = row.new_zeros(n * width)         # full logits), through a built-in all-reduce
             whole[lo:lo + width] = row
-            comm.original("all_reduce")(whole)
-            totals.append(whole.sum())
+            totals.append(ops.wait_tensor(ops.all_reduce(whole, "sum", dist.group.WORLD.group_name)).sum())
         sums = torch.stack(totals).reshape(probs.shape[:-1])
 """)},
-    {"task3-tests": "whole rows of the softmax all-reduced around the rank's recorder"},
+    {"task3-tests": "whole rows of the softmax all-reduced with the guard removed through gc"},
     reasons=["through the grader's network (counted there, outside the ranks)"])
