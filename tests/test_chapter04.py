@@ -16,6 +16,7 @@ from grading_support import (
     notebook_definitions,
     solution_answers,
     try_each,
+    wrong_answers_test,
 )
 
 import distlab
@@ -192,3 +193,18 @@ def test_the_test_helpers_accept_the_reference_on_every_model_they_offer():
         nb["check_task2"]([("mlp", 1e-2, nb["batches"]("mlp", 2, 8, seed=24))], nprocs=4)
         nb["check_task3"]([("mlp", nb["batches"]("mlp", 2, 8, seed=25))], nprocs=4)
 
+
+
+# -- issue 43: the grader's network sees every collective, whatever the rank's own record says ------
+
+test_a_layer_all_reduced_around_the_rank_record_scores_zero_on_task_2 = wrong_answers_test(
+    SLUG, {"task2-answer": ("""        averaged = local.new_empty(f.shard_numel)
+        dist.reduce_scatter_single(averaged, local, op=dist.ReduceOp.AVG)
+""", """        from distlab.tools import comm
+        comm.original("all_reduce")(local)           # the whole layer, around the rank's own recorder
+        averaged = local[f.mine()] / dist.get_world_size()
+        n = dist.get_world_size()                    # a tiny reduce-scatter: all the rank's record sees
+        dist.reduce_scatter_single(torch.empty(1), torch.zeros(n), op=dist.ReduceOp.AVG)
+""")},
+    {"task2-tests": "ZeRO-2 all-reducing each layer around the rank's recorder behind tiny reduce-scatters"},
+    reasons=["called all_reduce (as the grader's network saw it)"])

@@ -232,7 +232,28 @@ def test_the_test_helpers_accept_the_reference_on_the_shapes_they_offer():
     token (no leading dimensions), a leading dimension of 1, one block and three, a vocabulary
     of one entry per rank, logits large enough to overflow without the maximum."""
     nb = gs.notebook_definitions(SLUG)
-    with distlab.Pool(2):
+    with distlab.Pool(2, backend="relay"):
         nb["check_task1"]([(12, 16, (), 1), (2, 2, (1,), 2)], nprocs=2)
         nb["check_task2"]([(8, 16, 1, (1,), 3), (8, 16, 3, (2, 2), 4)], nprocs=2)
         nb["check_task3"]([((), 64, 3.0, 5), ((1,), 2, 3.0, 6), ((4,), 64, 200.0, 7)], nprocs=2)
+
+
+# -- issue 43: the grader's network counts every byte, whatever the rank's own record says ----------
+
+test_whole_rows_all_reduced_with_the_guard_removed_score_zero_on_task_3 = gs.wrong_answers_test(
+    SLUG, {"task3-answer": ("""        sums = probs.sum(dim=-1)
+        dist.all_reduce(sums)
+""", """        import gc
+        for obj in gc.get_objects():                 # the guard's own registrations, removed
+            if isinstance(obj, torch.library.Library):
+                obj._destroy()
+        ops = torch._ops._OpNamespace("_c10d_functional")
+        totals = []
+        for row in probs.reshape(-1, width):         # each token's whole row, one at a time (never the
+            whole = row.new_zeros(n * width)         # full logits), through a built-in all-reduce
+            whole[lo:lo + width] = row
+            totals.append(ops.wait_tensor(ops.all_reduce(whole, "sum", dist.group.WORLD.group_name)).sum())
+        sums = torch.stack(totals).reshape(probs.shape[:-1])
+""")},
+    {"task3-tests": "whole rows of the softmax all-reduced with the guard removed through gc"},
+    reasons=["through the grader's network (counted there, outside the ranks)"])

@@ -174,7 +174,23 @@ def test_the_test_helpers_accept_the_reference_on_every_layout_they_offer():
     """Task 2's check, run on the solution with the layouts the graded cases skip: pure data and
     pure tensor parallelism on 4 ranks, one sequence per dp rank, and an uneven batch per rank."""
     nb = gs.notebook_definitions(SLUG)
-    with distlab.Pool(2):
+    with distlab.Pool(2, backend="relay"):
         nb["check_task2"]([(1, 2, 2, 5), (2, 1, 2, 6), (2, 1, 6, 7)], nprocs=2)
-    with distlab.Pool(4):
+    with distlab.Pool(4, backend="relay"):
         nb["check_task2"]([(4, 1, 4, 8), (1, 4, 4, 9), (2, 2, 2, 10)], nprocs=4)
+
+
+# -- issue 43: the grader's network sees which ranks talk, whatever the rank's own record says ------
+
+test_gradients_gathered_from_every_rank_around_the_record_score_zero_on_task_2 = gs.wrong_answers_test(
+    SLUG, {"task2-answer": ("""                    dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.dp_group)
+""", """                    from distlab.tools import comm
+                    world, tp = dist.get_world_size(), dist.get_world_size() // self.dp
+                    everyone = [torch.empty_like(p.grad) for _ in range(world)]
+                    comm.original("all_gather")(everyone, p.grad)   # every rank's, around the recorder
+                    peers = [everyone[r] for r in range(world) if r % tp == self.coords["tp"]]
+                    p.grad.copy_(sum(peers) / self.dp)
+            dist.all_reduce(torch.zeros(1), group=self.dp_group)     # all the rank's record sees
+""")},
+    {"task2-tests": "gradients gathered from every rank around the rank's recorder"},
+    reasons=["as the grader's network saw it"])

@@ -201,7 +201,7 @@ def honest():
 
 room = sys.argv[2] == "room"
 caps = [{"module": "distlab.grade.limits", "function": "apply", "when": "start", "kwargs": {"processes": 8}}]
-pool = Pool(2, launcher="fork", start_setup=rank_room.around(caps, "02-collectives") if room else caps)
+pool = Pool(2, launcher="fork", start_setup=rank_room.around(caps) if room else caps)
 pool.start()
 found = {"honest before": pool.run(honest, timeout=60)}
 for folder in ("/tmp", "/dev/shm", ".", "~"):
@@ -303,11 +303,12 @@ def test_the_working_folder_is_capped_and_the_host_s_disk_unchanged(ranks_in_roo
     assert ranks_in_rooms["host disk grew by"] < 64 * 2**20
 
 
-def test_chapters_that_make_groups_of_their_own_keep_the_network_and_lose_the_rest():
+def test_every_chapter_s_ranks_lose_the_network_those_that_make_groups_too():
+    """Chapters 4, 5 and 7 make groups and meshes of their own: on the relay that needs no network
+    (test_relay's mesh and new_group test), so their ranks lose it like every other chapter's."""
     steps = {s["function"]: s for s in rank_room.around([{"module": "m", "function": "f", "when": "start",
-                                                          "kwargs": {}}], "07-3d-parallelism")}
-    assert list(steps) == ["prepare", "f", "enter"] and steps["enter"]["kwargs"] == {"network": False}
-    assert rank_room.around([], "02-collectives")[-1]["kwargs"] == {"network": True}
+                                                          "kwargs": {}}])}
+    assert list(steps) == ["prepare", "f", "enter"] and steps["enter"]["kwargs"] == {"network": True}
 
 
 PROBE = textwrap.dedent(r'''
@@ -331,7 +332,7 @@ def import_and_write():
 
 
 caps = [{"module": "distlab.grade.limits", "function": "apply", "when": "start", "kwargs": {"processes": 8}}]
-with Pool(2, launcher="fork", start_setup=rank_room.around(caps, "02-collectives")) as pool:
+with Pool(2, launcher="fork", start_setup=rank_room.around(caps)) as pool:
     print("FOUND", pool.run(import_and_write, timeout=60))
 ''')
 

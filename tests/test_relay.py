@@ -123,6 +123,91 @@ def test_collectives_are_performed_by_the_router_and_recorded_once_each(relay_po
     assert seen.sent_by(0) == sum(c.sent[0] for c in seen.collectives())
 
 
+def functional_collectives_on_rank(seed):
+    """torch's functional collectives (what DTensor and fully_shard call): C++ resolves the group by
+    its name and calls it; wait_tensor waits on the Work the relay returned."""
+    import torch.distributed._functional_collectives as funcol
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(12, generator=torch.Generator().manual_seed(seed + r))
+    world = dist.group.WORLD
+    out = {"all_reduce": funcol.all_reduce(x, "sum", world),
+           "all_gather": funcol.all_gather_tensor(x, 0, world),
+           "reduce_scatter": funcol.reduce_scatter_tensor(x, "sum", 0, world),
+           "all_to_all": funcol.all_to_all_single(x, None, None, world),
+           "broadcast": funcol.broadcast(x, n - 1, world)}
+    out["coalesced"] = funcol.all_gather_into_tensor_coalesced([x, x[:n]], world)
+    return {k: [t.clone() for t in v] if isinstance(v, list) else torch.as_tensor(v).clone() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_functional_collectives_go_through_the_router_and_agree_with_gloo(relay_pools, n):
+    with record.capture() as seen:
+        relayed = distlab.run(functional_collectives_on_rank, 8, nprocs=n, backend="relay")
+    on_gloo = distlab.run(functional_collectives_on_rank, 8, nprocs=n)
+    xs = [torch.randn(12, generator=torch.Generator().manual_seed(8 + r)) for r in range(n)]
+    total = sum(x.double() for x in xs).float()
+    piece = 12 // n
+    for r, (mine, theirs) in enumerate(zip(relayed, on_gloo)):
+        # Sums of n float32 terms, in the router's order and in gloo's: within n * 6e-8 * max|x| of
+        # each other and of float64's sum; 1e-5 is that with a margin (|x| < ~4.5).
+        torch.testing.assert_close(mine["all_reduce"], theirs["all_reduce"], rtol=0, atol=1e-5)
+        torch.testing.assert_close(mine["all_reduce"], total, rtol=0, atol=1e-5)
+        torch.testing.assert_close(mine["reduce_scatter"], total[r * piece:(r + 1) * piece], rtol=0, atol=1e-5)
+        for exact in ("all_gather", "all_to_all", "broadcast"):   # copies: bitwise equal
+            assert torch.equal(mine[exact], theirs[exact]), exact
+        assert torch.equal(mine["all_gather"], torch.cat(xs))
+        assert [torch.equal(a, b) for a, b in zip(mine["coalesced"], theirs["coalesced"])] == [True, True]
+    ops = [(c.op, c.sizes[0]) for c in seen.collectives()]   # rank 0's parts (no root of the broadcast)
+    assert ops == [("all_reduce", 48), ("all_gather", 48), ("reduce_scatter", 48), ("all_to_all", 48),
+                   ("broadcast", 0), ("all_gather", 48), ("all_gather", 4 * n)]
+    assert seen.messages() == []
+    assert seen.collectives()[2].sent == ((n - 1) * 48 // n,) * n    # reduce_scatter: (N-1) * S, S = output
+    assert seen.collectives()[4].sent == tuple(48 if r == n - 1 else 0 for r in range(n))   # broadcast: the source
+
+
+def dtensor_and_subgroups_on_rank():
+    """A 2 x 2 device mesh (chapter 7's kind), a DTensor redistributed on one of its dimensions, a
+    fully_shard'ed layer trained one step, and a group of two made with new_group: all on a
+    process group whose store is this process's alone, in a rank that needs no network."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    r = dist.get_rank()
+    pair = dist.new_group([0, 1])
+    x = torch.full((3,), float(r))
+    if r in (0, 1):
+        dist.all_reduce(x, group=pair)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    w = torch.arange(16.).reshape(4, 4)
+    rows = distribute_tensor(w, mesh["tp"], [Shard(0)])
+    whole = rows.redistribute(mesh["tp"], [Replicate()]).to_local()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    fully_shard(layer, mesh=mesh["dp"])
+    torch.manual_seed(1 + mesh.get_local_rank("dp"))
+    layer(torch.randn(2, 4)).sum().backward()
+    grad = layer.weight.grad.full_tensor()
+    return x, whole, grad
+
+
+def test_subgroups_device_meshes_dtensor_and_fully_shard_work_on_the_relay(relay_pools):
+    with record.capture() as seen:
+        relayed = distlab.run(dtensor_and_subgroups_on_rank, nprocs=4, backend="relay")
+    on_gloo = distlab.run(dtensor_and_subgroups_on_rank, nprocs=4)
+    w = torch.arange(16.).reshape(4, 4)
+    for r, ((x, whole, grad), (_, _, gloo_grad)) in enumerate(zip(relayed, on_gloo)):
+        assert torch.equal(x, torch.full((3,), 1.0 if r < 2 else float(r)))
+        assert torch.equal(whole, w)
+        # An average of 2 float32 gradients in another order: within 2 * 6e-8 * |g| (|g| < 10).
+        torch.testing.assert_close(grad, gloo_grad, rtol=0, atol=1e-5)
+    groups = {c.ranks for c in seen.collectives()}
+    assert (0, 1) in groups and (2, 3) in groups     # the pair, then the mesh's rows and columns
+    assert (0, 2) in groups and (1, 3) in groups
+    assert {"all_gather", "reduce_scatter"} <= {c.op for c in seen.collectives() if c.ranks in ((0, 2), (1, 3))}
+
+
 def forge_and_look():
     """What a rank can do with the relay besides using it: all of it should fail or be harmless."""
     import os

@@ -48,6 +48,8 @@ from distlab.grade.references import using_references  # noqa: F401 - part of th
 from distlab.grade.relay_checks import (  # noqa: F401 - part of this module's API
     assert_relay_bytes,
     assert_relay_calls,
+    assert_relay_collectives,
+    assert_relay_groups,
     assert_ring,
 )
 from distlab.tools.comm_bytes import all_reduce_bytes  # noqa: F401 - part of this module's API

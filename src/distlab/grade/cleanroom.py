@@ -238,7 +238,7 @@ def grade(job: dict) -> dict:
     real_run = run_module.run
     caps = job["caps"]
     limits_step = {"module": "distlab.grade.limits", "function": "apply", "when": "start", "kwargs": caps}
-    once = rank_room.around([limits_step], job.get("assignment"))   # each rank in a room of its own
+    once = rank_room.around([limits_step])   # each rank in a room of its own
     warm = WarmRanks(once, max_age_s=(caps.get("wall_s") or 600) / 2)
 
     def run_encoded(fn, *args, **kwargs):

@@ -21,9 +21,10 @@ network     A new, empty network: not even a loopback that is up. The gloo conne
              made in; nothing new can be opened to anyone: a ``TCPStore`` or a gloo group of the
              rank's own has nobody to talk to, and abstract Unix sockets (which belong to a network
              namespace) are private too. The connection to the store the ranks met through is shut
-             down first: it would be a shared mailbox. Chapters whose graded code makes process groups
-             of its own (:data:`KEEPS_NETWORK`: ``new_group`` needs the store and new connections)
-             keep the network until the grader's own backend carries their messages.
+             down first: it would be a shared mailbox. Every chapter's ranks lose the network, those
+             that make process groups and device meshes of their own too (chapters 4, 5 and 7): they
+             are graded on the grader's relay (:mod:`distlab.relay`), whose ``new_group`` needs no
+             store and no new connection.
 IPC          A new IPC namespace: SysV shared memory, semaphores and message queues, and POSIX message
              queues, are the rank's alone.
 mount        Every folder the sandbox leaves writable (``/tmp``, ``/dev/shm``, the working folder,
@@ -72,9 +73,8 @@ What remains, said plainly:
   make each rank the init of its own, whose signals and pid files the launcher would have to
   learn), and they share the machine's CPUs, so timing between them is observable: slow covert
   channels, bits per second, not a way to move tensors within a test's time limit;
-* chapters in :data:`KEEPS_NETWORK` keep the loopback between their ranks (files, IPC and the
-  run folder are private there too), and so do ranks on NCCL, with ``/dev/shm`` (NCCL connects
-  two GPUs when they first talk, through both); the grader's own backend closes these.
+* ranks on NCCL keep the loopback and ``/dev/shm`` (NCCL connects two GPUs when they first talk,
+  through both; files, IPC and the run folder are private there too).
 """
 
 from __future__ import annotations
@@ -93,9 +93,6 @@ FOLDER_MB = 256
 """Bytes each private folder of a rank may hold (MiB): in memory, charged to the submission."""
 FOLDER_FILES = 10_000
 """Files and folders each private folder of a rank may hold."""
-KEEPS_NETWORK = ("04-zero-fsdp", "05-tensor-parallel", "07-3d-parallelism")
-"""Chapters whose graded code makes process groups or device meshes of its own (``new_group``
-needs the store and new connections): their ranks keep the sandbox's network for now."""
 ALWAYS_PRIVATE = ("/tmp", "/dev/shm")
 VARIABLE = "DISTLAB_RANK_ROOM"
 
@@ -118,7 +115,7 @@ def wanted() -> bool:
     return os.environ.get(VARIABLE, "on").strip().lower() not in ("off", "0", "no", "none", "false")
 
 
-def around(start_steps: list[dict], assignment: str | None = None) -> list[dict]:
+def around(start_steps: list[dict]) -> list[dict]:
     """``start_steps`` (:func:`distlab.runtime.options.rank_setup` steps) with the room's around
     them, inside the grading sandbox: the user namespace first, while the rank has one thread
     (before the caps start theirs); the rest once its process group is up."""
@@ -126,9 +123,8 @@ def around(start_steps: list[dict], assignment: str | None = None) -> list[dict]
 
     if not bubblewrap.enabled() or not wanted():   # trusted students only: no room
         return list(start_steps)
-    network = assignment not in KEEPS_NETWORK
     return [{"module": __name__, "function": "prepare", "when": "start", "kwargs": {}}, *start_steps,
-            {"module": __name__, "function": "enter", "when": "joined", "kwargs": {"network": network}}]
+            {"module": __name__, "function": "enter", "when": "joined", "kwargs": {"network": True}}]
 
 
 def _libc():

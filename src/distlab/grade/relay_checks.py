@@ -204,3 +204,55 @@ def assert_kv_ring(results, n: int, cases: list[tuple], what: str = "ring attent
             raise CheckFailed(f"{what}: rank {rank} sent {len(sizes)} messages more than the ring's blocks "
                               f"({_sizes(sizes)} bytes)")
     assert_quiet_loopback(results, n)
+
+
+# -- chapters 4, 5 and 7 ---------------------------------------------------------------------------
+
+def assert_relay_collectives(results, n: int, allowed: tuple, max_bytes_sent: int | None = None,
+                             per_rank_calls: dict | None = None, what: str = "this task") -> None:
+    """Sharded training's rules, on the grader's record (chapters 4, 5 and 7): the ranks called only
+    the collectives in ``allowed`` (no point-to-point message), each rank sent at most
+    ``max_bytes_sent`` bytes in all (its counted share of each collective, :mod:`distlab.tools.comm_bytes`'s
+    rules), and ``per_rank_calls`` (``{op: count}``) says how many of an op each rank called.
+
+    The count is what the exercise's algorithm needs: ZeRO's reduce-scatter of each layer's
+    gradients and all-gather of its weights, Megatron's one all-reduce per block and pass. A
+    rank that takes a shortcut through another collective (an all-reduce sliced afterwards), or
+    sends the same data twice, breaks one of the three, whatever its own record says.
+    """
+    seen = record_of(results)
+    if seen.messages():
+        raise CheckFailed(f"{what} sent point-to-point messages ({seen.describe()}); it uses collectives only")
+    for rank in range(n):
+        made = [op for op, _ in seen.collective_calls(rank)]
+        other = sorted(set(made) - set(allowed))
+        if other:
+            raise CheckFailed(f"rank {rank} called {', '.join(other)} (as the grader's network saw it); {what} "
+                              f"uses only {', '.join(allowed)}")
+        for op, count in (per_rank_calls or {}).items():
+            if made.count(op) != count:
+                raise CheckFailed(f"rank {rank} called {op} {made.count(op)} times (as the grader's network saw "
+                                  f"it); {what} calls it {count} times")
+    if max_bytes_sent is not None:
+        assert_relay_bytes(results, n, max_bytes_sent)
+
+
+def assert_relay_groups(results, groups, allowed: tuple = ("all_reduce",), what: str = "this task") -> None:
+    """Every collective the grader's network saw ran over one of ``groups`` (lists of global ranks,
+    each in order) and was one of ``allowed``, and no point-to-point message was sent (chapter 7:
+    tensor parallelism talks only inside a tp group, the gradient average only inside a dp group).
+
+    The group is what the router saw: the ranks that handed in the same call, not what a rank's
+    own record says about the group it thought it used.
+    """
+    seen = record_of(results)
+    if seen.messages():
+        raise CheckFailed(f"{what} sent point-to-point messages ({seen.describe()}); it uses collectives only")
+    wanted = {tuple(g) for g in groups}
+    for call in seen.collectives():
+        if call.op not in allowed:
+            raise CheckFailed(f"ranks {list(call.ranks)} called {call.op} (as the grader's network saw it); {what} "
+                              f"uses only {', '.join(allowed)}")
+        if tuple(call.ranks) not in wanted:
+            raise CheckFailed(f"ranks {list(call.ranks)} called {call.op} together (as the grader's network saw it); "
+                              f"{what} talks only inside the groups {sorted(wanted)}")

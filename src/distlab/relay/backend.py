@@ -27,8 +27,17 @@ made with ``new_group`` work too. A send's work completes once the receiver has 
 message, as gloo's does (a blocking ``send`` waits for the matching ``recv``); a receive waits
 until the message arrives.
 
-Not provided: torch's functional collectives (``torch.ops._c10d_functional``, what DTensor
-uses) and ``recv`` from any source; they fail with an error instead of going around the router.
+torch's functional collectives (``torch.ops._c10d_functional``: what DTensor, device meshes and
+``fully_shard`` call) work too. They find a process group by its name in torch's C++ registry and
+call it through the binding's trampoline, which knows only some of a Python group's methods:
+``allreduce``, ``broadcast``, ``alltoall_base``, and the coalesced all-gather and reduce-scatter
+(:meth:`RelayGroup.all_gather_single_coalesced`, :meth:`RelayGroup.reduce_scatter_single_coalesced`,
+each tensor a collective of its own); ``wait_tensor`` then waits on the :class:`Work` returned. So
+the group answers to its name (:meth:`RelayGroup.getGroupName`): a Python group has no C++
+backend from which torch could read it. ``new_group`` and device meshes need nothing shared
+either: their groups are made by every rank alike, named by their ranks, and never use the store.
+
+Not provided: ``recv`` from any source; it fails with an error instead of going around the router.
 """
 
 from __future__ import annotations
@@ -73,9 +82,16 @@ class RelayGroup(dist.ProcessGroup):
     def __init__(self, group_rank: int, group_size: int, global_ranks: list[int], group_id: int):
         super().__init__(group_rank, group_size)
         self._me, self._ranks, self._group_id, self._seq = group_rank, list(global_ranks), group_id, 0
+        self._name = str(group_id)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return NAME
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._name = name
 
     # -- point to point --------------------------------------------------------------------------
 
@@ -137,6 +153,16 @@ class RelayGroup(dist.ProcessGroup):
         return self._collective("reduce_scatter", pieces, _copy_into([output]),
                                 _reduction(opts or dist.ReduceScatterOptions()))
 
+    # torch's functional collectives (``torch.ops._c10d_functional``: DTensor, ``fully_shard``) reach
+    # a process group from C++, through the trampoline's names: these two, ``allreduce``,
+    # ``broadcast`` and ``alltoall_base``. Each tensor is one collective of its own on the router.
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return _all_of([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return _all_of([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)])
+
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return self._collective("all_to_all", input_tensors, _copy_into(output_tensors))
 
@@ -161,6 +187,34 @@ class RelayGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"RelayGroup(rank {self._me} of ranks {self._ranks})"
+
+
+class _AllOf(dist.Work):
+    """Several operations in flight as one (a coalesced call): done when every one is."""
+
+    def __init__(self, works: list):
+        super().__init__()
+        self._works = works
+
+    def wait(self, timeout=None) -> bool:
+        for work in self._works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return all(work.is_success() for work in self._works)
+
+    def get_future(self):
+        import torch
+
+        return torch.futures.collect_all([work.get_future() for work in self._works])
+
+
+def _all_of(works: list):
+    return works[0] if len(works) == 1 else _AllOf(works)
 
 
 def _create(backend_options, _process_group_options=None) -> RelayGroup:
