@@ -40,6 +40,7 @@ from distlab.grade import (
     bubblewrap,
     config,
     kernel_messages,
+    kernel_proxy,
     limits,
     pipes,
     scratch,
@@ -107,6 +108,7 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         await super()._async_launch_kernel(kernel_cmd, **kw)
         if self.sandboxed:   # its sockets are in its capped folder: reached through its process's mounts
             self.ip = scratch.seen_from_outside(self.provisioner.process.pid, self.ip)
+        kernel_proxy.interpose(self)   # whole messages capped before the grader's sockets hold them
 
     async def interrupt_kernel(self):
         if not self.sandboxed:
@@ -116,6 +118,7 @@ class GradingKernelManager(PrivateSocketsKernelManager):
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
+        kernel_proxy.remove(self)
         if self.drain:   # the kernel is gone: its last lines, then the pipe
             self.drain, drain = None, self.drain
             drain.close()
