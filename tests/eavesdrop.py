@@ -145,10 +145,11 @@ RANK_INTRUDER = textwrap.dedent(r'''
 ''')
 
 
-def intrude_on_ranks(victim_uid: int, seconds: float) -> subprocess.Popen:
+def intrude_on_ranks(victim_uid: int, seconds: float, enter: list[str] = ()) -> subprocess.Popen:
     """Start the second account's attempts on ``victim_uid``'s ranks for ``seconds``; its
-    ``communicate()`` gives the JSON line of what it found and did."""
-    command = ["setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups",
+    ``communicate()`` gives the JSON line of what it found and did. ``enter``: a command that
+    puts it on another host first (``nsenter`` into a node of the private Slurm cluster)."""
+    command = [*enter, "setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups",
                python_for_any_account(), "-c", RANK_INTRUDER, str(victim_uid), str(seconds)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})
