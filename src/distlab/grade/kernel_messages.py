@@ -156,9 +156,8 @@ class CappedKernelClient(AsyncKernelClient):
     def take_refused(self) -> int:
         """Messages refused since the last call (connections that were dropped are made again),
         those the proxy in front of the kernel dropped included (:mod:`distlab.grade.kernel_proxy`)."""
-        from distlab.grade import kernel_proxy
-
-        count = kernel_proxy.refused_by(self.parent)
+        proxy = getattr(self.parent, "message_cap", None)   # set by kernel_proxy.interpose
+        count = proxy.take_refused() if proxy is not None else 0
         for channel in (self._shell_channel, self._iopub_channel, self._stdin_channel, self._control_channel):
             if channel is not None:
                 channel.reconnect_if_dropped()

@@ -228,12 +228,6 @@ def interpose(km) -> MessageCapProxy:
     return proxy
 
 
-def refused_by(km) -> int:
-    """Messages the proxy in front of ``km``'s kernel dropped since the last call (0 without one)."""
-    proxy = getattr(km, "message_cap", None)
-    return proxy.take_refused() if proxy is not None else 0
-
-
 def remove(km) -> None:
     proxy = getattr(km, "message_cap", None)
     if proxy is not None:

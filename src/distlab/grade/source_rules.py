@@ -43,5 +43,5 @@ def forbidden_in_source(config, assignment: str, notebook: str) -> list[str]:
                                     f"(what is forbidden while the tests run): {exc}") from None
     forbidden = source.metadata.get("distlab", {}).get("forbidden", [])
     if not (isinstance(forbidden, list) and all(isinstance(name, str) for name in forbidden)):
-        raise SourceNotebookMissing(f"{path}: metadata distlab.forbidden must be a list of API names")
+        raise SourceNotebookMissing(f"{path}: the forbidden list of its metadata must be a list of API names")
     return list(forbidden)
