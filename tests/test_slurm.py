@@ -200,13 +200,35 @@ def test_job_script_has_the_settings_the_offline_caches_and_srun_torchrun(clean_
                  "export HF_DATASETS_OFFLINE=1", "export HF_HUB_OFFLINE=1",
                  'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"',
                  'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)i"',
-                 "srun --kill-on-bad-exit=1", "exec python -m torch.distributed.run",
+                 'if [ "$SLURM_NNODES" -eq 1 ]; then', "    MASTER_ADDR=127.0.0.1",   # one node: its own network
+                 "srun --kill-on-bad-exit=1",
+                 "exec python -m distlab.runtime.private_network --one-node -- python -m torch.distributed.run",
                  "--nproc-per-node=4", "train.py --epochs 3"]:
         assert line in text, line
     path = tmp_path / "job.sbatch"
     path.write_text(text)
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=10)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def test_a_job_scripts_torchrun_gets_a_network_of_its_own_on_one_node_only(tmp_path):
+    """``private_network --one-node`` (the job script's torchrun line): a new network namespace
+    where the step runs on one node, the node's own on several (they need it between them);
+    the hosts file it shows as /etc/hosts leaves nothing behind in the temporary folder."""
+    def network_of(nnodes: str) -> tuple[str, str]:
+        env = dict(os.environ, SLURM_NNODES=nnodes, TMPDIR=str(tmp_path))
+        env.pop("DISTLAB_PRIVATE_NETWORK", None)
+        out = subprocess.run([sys.executable, "-m", "distlab.runtime.private_network", "--one-node", "--",
+                              "bash", "-c", "readlink /proc/self/ns/net; grep -c '^::ffff:127.0.0.1 localhost' /etc/hosts"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode in (0, 1), out.stderr   # grep: 1 where no line matched
+        return tuple(out.stdout.split())
+
+    ours = os.readlink("/proc/self/ns/net")
+    assert network_of("2") == (ours, "0")
+    alone, hosts_lines = network_of("1")
+    assert alone != ours and hosts_lines == "1"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_job_scripts_rendezvous_port_is_free_and_outside_the_ports_linux_hands_out():
