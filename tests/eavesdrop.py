@@ -85,15 +85,22 @@ BUSY_RANKS = """
 def busy(seconds):
     import torch, torch.distributed as dist
     end, calls = time.monotonic() + seconds, 0
-    while time.monotonic() < end:
+    while True:
+        # the ranks agree when to stop: each one's clock started when it did
+        going = torch.tensor([float(time.monotonic() < end)])
+        dist.all_reduce(going, op=dist.ReduceOp.MAX)
+        if not going.item():
+            return total.tolist(), calls
         total = torch.ones(4) * (dist.get_rank() + 1)
         dist.all_reduce(total)
         calls += 1
         time.sleep(0.05)
-    return total.tolist(), calls
 """
 """The victim's ranks (source for a program that imports time): all-reduce every 50 ms for
-``seconds``, so that a second account has a live store and live gloo ports to go at."""
+``seconds``, so that a second account has a live store and live gloo ports to go at. They stop
+on the same call: a rank that started later, and stopped by its own clock alone, went into
+one more all_reduce than the others and waited there until the run's timeout (seen on a busy
+machine as "rank 0: blocked in all_reduce", "rank 1: returned")."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -145,10 +152,11 @@ RANK_INTRUDER = textwrap.dedent(r'''
 ''')
 
 
-def intrude_on_ranks(victim_uid: int, seconds: float) -> subprocess.Popen:
+def intrude_on_ranks(victim_uid: int, seconds: float, enter: list[str] = ()) -> subprocess.Popen:
     """Start the second account's attempts on ``victim_uid``'s ranks for ``seconds``; its
-    ``communicate()`` gives the JSON line of what it found and did."""
-    command = ["setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups",
+    ``communicate()`` gives the JSON line of what it found and did. ``enter``: a command that
+    puts it on another host first (``nsenter`` into a node of the private Slurm cluster)."""
+    command = [*enter, "setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups",
                python_for_any_account(), "-c", RANK_INTRUDER, str(victim_uid), str(seconds)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})

@@ -1,7 +1,7 @@
 """Hostile printing (grader/hostile/output/*.py) graded next to two honest classmates.
 
 Each of these submissions prints at the instructor rather than at its notebook: 100 MB in a
-cell (in 100 messages, and in one), lines of 10 MB, terminal escape sequences, and lines copied from nbgrader's and
+cell (in 100 messages, and in one), 160 MiB in one message of 40 parts, lines of 10 MB, terminal escape sequences, and lines copied from nbgrader's and
 distlab.grade's own messages naming a classmate (``aa-control``), on the kernel's and the
 ranks' real standard output and error. The whole path is tried as the instructor runs it
 (collect, autograde, feedback): the report says nothing false about anyone, no escape reaches
@@ -30,12 +30,13 @@ import build as hostile  # noqa: E402
 SPECS = hostile.specs(os.path.join(hostile.HERE, "output"))
 CONTROLS = HOSTILE_CONTROLS
 LOG_BYTES = 2 * 2**20
-"""The autograde log of this class, at most: each of the 5 hostile submissions keeps
+"""The autograde log of this class, at most: each of the 6 hostile submissions keeps
 2 x 64 KiB of its printing (kernel, clean room); nbgrader's own lines are a few KiB each."""
 NBGRADER_PEAK_MB = 250
 """The nbgrader process's largest resident size while it grades this class, at most. Measured:
-122 MB; before the grader's sockets refused messages over 5 MiB, grading the one-message
-submission alone took it to 404 MB (the message read whole, then decoded)."""
+125 MB; before the grader's sockets refused messages over 5 MiB, grading the one-message
+submission alone took it to 404 MB (the message read whole, then decoded), and without the
+proxy in front of the kernel the class took it to 426 MB (the 40-part message held whole)."""
 
 
 def _peak_of_nbgrader(stop: threading.Event, peaks: list) -> None:
@@ -69,8 +70,8 @@ def graded(tmp_path_factory):
 
 
 def test_there_are_the_five_kinds_of_hostile_printing():
-    assert set(SPECS) == {"print_100mb_in_the_kernel", "print_100mb_in_one_message", "lines_of_10mb",
-                          "terminal_escapes", "forge_grader_lines"}
+    assert set(SPECS) == {"print_100mb_in_the_kernel", "print_100mb_in_one_message", "send_160mb_in_many_parts",
+                          "lines_of_10mb", "terminal_escapes", "forge_grader_lines"}
 
 
 @pytest.mark.timeout(3600)
@@ -134,11 +135,14 @@ def test_a_message_of_100_mb_is_refused_unread_and_nbgrader_stays_small(graded):
     says so in the feedback, and the nbgrader process stays small."""
     print(f"\n[measured] the nbgrader process's peak resident size: {graded['nbgrader_peak_mb']:.0f} MB")
     assert 0 < graded["nbgrader_peak_mb"] < NBGRADER_PEAK_MB, graded["nbgrader_peak_mb"]
-    student = _student("print_100mb_in_one_message")
     work = graded["course"].work
-    kept = (work / "autograded" / student / SLUG / f"{SLUG}.ipynb").read_text()
-    (cell,) = [c for c in nbformat.reads(kept, as_version=4).cells if "100 * 2**20" in c.source]
-    assert [o.get("text") for o in cell.outputs] == [kernel_messages.NOTE], cell.outputs
-    page = (work / "feedback" / student / SLUG / f"{SLUG}.html").read_text()
-    assert "more than the grader reads in one message" in page
-    assert len(kept) < 2**20
+    # one part of 100 MB (over ZeroMQ's per-part cap), and 40 parts of 4 MiB (each under it, the
+    # whole counted by the proxy in front of the kernel, distlab.grade.kernel_proxy)
+    for name, marker in (("print_100mb_in_one_message", "100 * 2**20"), ("send_160mb_in_many_parts", "* 40")):
+        student = _student(name)
+        kept = (work / "autograded" / student / SLUG / f"{SLUG}.ipynb").read_text()
+        (cell,) = [c for c in nbformat.reads(kept, as_version=4).cells if marker in c.source]
+        assert [o.get("text") for o in cell.outputs] == [kernel_messages.NOTE], (name, cell.outputs)
+        page = (work / "feedback" / student / SLUG / f"{SLUG}.html").read_text()
+        assert "more than the grader reads in one message" in page, name
+        assert len(kept) < 2**20, name

@@ -15,23 +15,50 @@ import sys
 
 import pytest
 
-RUN = r'''
-import json, sys
+ATTACKS = {
+    # one write, one flush: one message of one 100 MB part
+    "one part": 'import sys\nsys.stdout.write("m" * (100 * 2**20))\nsys.stdout.flush()',
+    # the kernel's own session and IOPub socket: one message of 40 parts of 4 MiB (160 MiB), each under the per-part cap
+    "many parts": 'k = get_ipython().kernel\nsent = k.session.send(k.iopub_socket, "stream", '
+                  '{"name": "stdout", "text": "many parts\\n"}, parent=k.get_parent("shell"), '
+                  'buffers=[b"m" * (4 * 2**20)] * 40)',
+    # what a notebook prints and shows, under the cap; then one part over it
+    "ordinary": ['import sys\nsys.stdout.write("b" * (4 * 2**20))\nsys.stdout.flush()',
+                 'from IPython.display import display\nclass Shown:\n    def _repr_html_(self):\n'
+                 '        return "<b>shown</b>"\n    def __repr__(self):\n        return "\'shown\'"\ndisplay(Shown())',
+                 'for i in range(200):\n    print(f"line {i}", flush=True)',
+                 'import sys\nsys.stdout.write("m" * (6 * 2**20))\nsys.stdout.flush()'],
+}
+
+RUN = "ATTACKS = " + repr(ATTACKS) + r'''
+import json, sys, time
 import nbformat
 from nbconvert.preprocessors import ExecutePreprocessor
-from distlab.grade import kernel_messages
+from distlab.grade import kernel_messages, kernel_proxy
 from distlab.grade.kernel_sockets import PrivateSocketsKernelManager
 
-capped = sys.argv[1] == "capped"
+mode, attack = sys.argv[1], sys.argv[2]
 
 class Manager(PrivateSocketsKernelManager):
     def __init__(self, **kw):
         super().__init__(**kw)
-        if capped:
+        if mode != "plain":
             self.client_factory = kernel_messages.CappedKernelClient
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):   # as distlab.grade.nbplugins.GradingKernelManager
+        await super()._async_launch_kernel(kernel_cmd, **kw)
+        if mode == "proxied":
+            kernel_proxy.interpose(self)
 
 class Execute(ExecutePreprocessor):   # as distlab.grade.nbplugins.KernelExecute (an nbgrader Execute)
     def preprocess_cell(self, cell, resources, index):
+        start = time.monotonic()
+        try:
+            return self._run_cell(cell, resources, index)
+        finally:
+            seconds.append(time.monotonic() - start)
+
+    def _run_cell(self, cell, resources, index):
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         except Exception as exc:
@@ -41,18 +68,18 @@ class Execute(ExecutePreprocessor):   # as distlab.grade.nbplugins.KernelExecute
         kernel_messages.explain(cell, self.kc)
         return cell, resources
 
-nb = nbformat.v4.new_notebook(cells=[
-    nbformat.v4.new_code_cell('import sys\nsys.stdout.write("m" * (100 * 2**20))\nsys.stdout.flush()'),
-    nbformat.v4.new_code_cell('print("after", 6 * 7)')])
+cells = ATTACKS[attack] if isinstance(ATTACKS[attack], list) else [ATTACKS[attack]]
+nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells + ['print("after", 6 * 7)']])
+seconds = []
 Execute(kernel_manager_class=Manager, timeout=120, kernel_name="python3",
         raise_on_iopub_timeout=True).preprocess(nb, {})   # nbgrader's setting
 peak_kib = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
-print(json.dumps({"peak_mb": peak_kib / 1024, "outputs": [c.outputs for c in nb.cells]}))
+print(json.dumps({"peak_mb": peak_kib / 1024, "outputs": [c.outputs for c in nb.cells], "seconds": seconds}))
 '''
 
 
-def _run(mode: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", RUN, mode], capture_output=True, text=True, timeout=300)
+def _run(mode: str, attack: str = "one part") -> dict:
+    done = subprocess.run([sys.executable, "-c", RUN, mode, attack], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -70,3 +97,39 @@ def test_a_message_of_100_mb_is_refused_unread_and_the_next_cell_still_runs():
     assert [o["text"] for o in first] == [kernel_messages.NOTE], first
     assert second == [{"output_type": "stream", "name": "stdout", "text": "after 42\n"}], second
     assert "more than the grader reads" not in json.dumps(plain["outputs"])
+
+
+@pytest.mark.timeout(600)
+def test_a_message_of_many_parts_each_under_the_cap_is_refused_whole_and_the_next_cell_still_runs():
+    """The attack: ZeroMQ's cap is per part, and a message is handed over only once all its parts
+    are in, so 40 parts of 4 MiB were 160 MiB held in the grader's process. The proxy in front
+    of the kernel (kernel_proxy) counts a message's parts together and drops it as it comes."""
+    from distlab.grade import kernel_messages
+
+    capped, proxied = _run("capped", "many parts"), _run("proxied", "many parts")
+    # with the per-part cap alone, the whole message reached the cell (and the grader's memory)
+    assert capped["peak_mb"] > 200, capped["peak_mb"]
+    assert {"output_type": "stream", "name": "stdout", "text": "many parts\n"} in capped["outputs"][0]
+    # through the proxy: never held (Python, jupyter_client and nbclient: ~100 MB), and said in the cell
+    assert proxied["peak_mb"] < capped["peak_mb"] / 2 and proxied["peak_mb"] < 150, (proxied["peak_mb"], capped["peak_mb"])
+    first, second = proxied["outputs"]
+    assert [o["text"] for o in first] == [kernel_messages.NOTE], first
+    assert second == [{"output_type": "stream", "name": "stdout", "text": "after 42\n"}], second
+
+
+@pytest.mark.timeout(600)
+def test_ordinary_outputs_pass_the_proxy_whole_and_a_message_of_one_large_part_is_refused_there():
+    """Through the proxy, output up to the cap arrives as the kernel sent it (a 4 MiB write, a
+    display with several parts, 200 small messages), and one part over the cap is dropped by
+    the proxy, without the connection the per-part cap used to drop (the cell's idle status
+    arrives: no wait for it)."""
+    from distlab.grade import kernel_messages
+
+    proxied = _run("proxied", "ordinary")
+    big, display, many, over = proxied["outputs"][:4]
+    assert "".join(o["text"] for o in big) == "b" * (4 * 2**20), [len(o.get("text", "")) for o in big]
+    assert display[0]["data"]["text/plain"] == "'shown'" and display[0]["data"]["text/html"] == "<b>shown</b>"
+    assert "".join(o["text"] for o in many) == "".join(f"line {i}\n" for i in range(200))
+    assert [o["text"] for o in over] == [kernel_messages.NOTE], over
+    # nbclient waits 4 s (its iopub_timeout) for an idle status that never comes; it came
+    assert proxied["seconds"][3] < 4, proxied["seconds"]

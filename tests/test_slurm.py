@@ -200,13 +200,35 @@ def test_job_script_has_the_settings_the_offline_caches_and_srun_torchrun(clean_
                  "export HF_DATASETS_OFFLINE=1", "export HF_HUB_OFFLINE=1",
                  'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"',
                  'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)i"',
-                 "srun --kill-on-bad-exit=1", "exec python -m torch.distributed.run",
+                 'if [ "$SLURM_NNODES" -eq 1 ]; then', "    MASTER_ADDR=127.0.0.1",   # one node: its own network
+                 "srun --kill-on-bad-exit=1",
+                 "exec python -m distlab.runtime.private_network --one-node -- python -m torch.distributed.run",
                  "--nproc-per-node=4", "train.py --epochs 3"]:
         assert line in text, line
     path = tmp_path / "job.sbatch"
     path.write_text(text)
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=10)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def test_a_job_scripts_torchrun_gets_a_network_of_its_own_on_one_node_only(tmp_path):
+    """``private_network --one-node`` (the job script's torchrun line): a new network namespace
+    where the step runs on one node, the node's own on several (they need it between them);
+    the hosts file it shows as /etc/hosts leaves nothing behind in the temporary folder."""
+    def network_of(nnodes: str) -> tuple[str, str]:
+        env = dict(os.environ, SLURM_NNODES=nnodes, TMPDIR=str(tmp_path))
+        env.pop("DISTLAB_PRIVATE_NETWORK", None)
+        out = subprocess.run([sys.executable, "-m", "distlab.runtime.private_network", "--one-node", "--",
+                              "bash", "-c", "readlink /proc/self/ns/net; grep -c '^::ffff:127.0.0.1 localhost' /etc/hosts"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode in (0, 1), out.stderr   # grep: 1 where no line matched
+        return tuple(out.stdout.split())
+
+    ours = os.readlink("/proc/self/ns/net")
+    assert network_of("2") == (ours, "0")
+    alone, hosts_lines = network_of("1")
+    assert alone != ours and hosts_lines == "1"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_job_scripts_rendezvous_port_is_free_and_outside_the_ports_linux_hands_out():
@@ -845,17 +867,14 @@ print("RESULT " + json.dumps(distlab.run(busy, 15, nprocs=2, timeout=180)))
 """
 
 
-@pytest.mark.timeout(400)
-def test_another_account_on_the_node_cannot_reach_the_store_of_a_one_node_srun_step(slurm_env):
-    """Issue 44, for ranks that Slurm starts (a hub notebook's distlab.run is an srun step, even
-    with every rank on one node): while a student's run works, a second account tries every
-    port the student listens on as the run's rendezvous store (write a key) and sends junk to
-    each. The step's ranks are in a network of their own on the node: no store is reached and
-    the result is right. (srun's own ports, which the second account also finds, are Slurm's.)"""
-    from eavesdrop import intrude_on_ranks, python_for_any_account
+def _student_run_beside_a_second_account(slurm_env, tag: str, command: list[str], launcher: str) -> None:
+    """A student account runs ``command`` (ONE_NODE_RUN, in salloc or not) while a second account
+    tries every port the student listens on as the run's rendezvous store (write a key) and sends
+    junk to each: no store is reached, the result is right, ``launcher`` started the ranks."""
+    from eavesdrop import intrude_on_ranks
     from hub_support import accounts, course_name
 
-    course = course_name("dlsn")
+    course = course_name(tag)
     folders = [Path(slurm_env["slurm_conf"]).parent, *Path(slurm_env["slurm_conf"]).parent.parents][:-1]
     modes = {folder: folder.stat().st_mode for folder in folders}
     try:
@@ -871,21 +890,54 @@ def test_another_account_on_the_node_cannot_reach_the_store_of_a_one_node_srun_s
         env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "SLURM_CONF": slurm_env["slurm_conf"],
                "DISTLAB_CONFIG": str(home / "distlab.toml"), "DISTLAB_SLURM_RUN_ROOT": str(home / "runs"),
                "DISTLAB_SLURM_POLL_SECONDS": "0.5"}
-        intruder = intrude_on_ranks(account.pw_uid, seconds=60)
+        if launcher == "sbatch":   # outside an allocation "auto" is the local launcher
+            env["DISTLAB_LAUNCHER"] = "sbatch"
+        # the second account on this machine and, where the cluster's nodes are hosts of their
+        # own (network namespaces), on each node, where the ranks run
+        holders = (slurm_env.get("network") or {}).get("node_pids", {})
+        intruders = [intrude_on_ranks(account.pw_uid, seconds=60, enter=place) for place in
+                     [[], *(["nsenter", f"--target={pid}", "--net", "--uts", "--mount", "--"] for pid in holders.values())]]
         done = subprocess.run(["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups",
-                               "salloc", "--nodes=1", "--time=5", "--job-name=one-node-step",
-                               python_for_any_account(), "-c", ONE_NODE_RUN],
-                              capture_output=True, text=True, env=env, cwd=home, timeout=300)
-        tried, intruder_errors = intruder.communicate(timeout=120)
+                               *command], capture_output=True, text=True, env=env, cwd=home, timeout=300)
+        tried = [intruder.communicate(timeout=120) for intruder in intruders]
     finally:
         for folder, mode in modes.items():
             folder.chmod(mode)
         accounts.remove_accounts(course)
-    report = json.loads(tried or "{}")
-    assert report, intruder_errors[-3000:]
-    assert "launcher: SrunJob" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    reports = [json.loads(out or "{}") for out, _ in tried]
+    assert all(reports), [errors[-3000:] for _, errors in tried]
+    report = {"ports": [r["ports"] for r in reports], "junk_sent": [r["junk_sent"] for r in reports],
+              "store_written": [written for r in reports for written in r["store_written"]]}
+    assert f"launcher: {'SrunJob' if launcher == 'srun' else 'SbatchJob'}" in done.stdout, \
+        done.stdout[-3000:] + done.stderr[-3000:]
     assert report["store_written"] == [], report     # the rendezvous store: not reached
     # before: the junk sent to the ranks' ports left a rank blocked in all_reduce until the timeout
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
     assert [r[0] for r in results] == [[3.0] * 4] * 2 and all(r[1] > 10 for r in results), results
+
+
+@pytest.mark.timeout(400)
+def test_another_account_on_the_node_cannot_reach_the_store_of_a_one_node_srun_step(slurm_env):
+    """Issue 44, for ranks that Slurm starts (a hub notebook's distlab.run is an srun step, even
+    with every rank on one node): while a student's run works, a second account tries every
+    port the student listens on as the run's rendezvous store (write a key) and sends junk to
+    each. The step's ranks are in a network of their own on the node: no store is reached and
+    the result is right. (srun's own ports, which the second account also finds, are Slurm's.)"""
+    from eavesdrop import python_for_any_account
+
+    _student_run_beside_a_second_account(slurm_env, "dlsn", [
+        "salloc", "--nodes=1", "--time=5", "--job-name=one-node-step", python_for_any_account(), "-c", ONE_NODE_RUN],
+        "srun")
+
+
+@pytest.mark.timeout(400)
+def test_another_account_on_the_node_cannot_reach_the_store_of_a_one_node_batch_job(slurm_env):
+    """The same for a one-node batch job (``launcher="sbatch"`` from outside any allocation, or
+    a job script of ``distlab-slurm script`` submitted with ``--nodes=1``): its torchrun and
+    ranks start in a network of their own on the node, where the rendezvous is on the loopback.
+    Before: the job's rendezvous store listened on the node's address, and the second account
+    wrote keys into it."""
+    from eavesdrop import python_for_any_account
+
+    _student_run_beside_a_second_account(slurm_env, "dlsb", [python_for_any_account(), "-c", ONE_NODE_RUN], "sbatch")

@@ -14,6 +14,12 @@ past that the kernel's side waits, and its own memory holds the rest). No messag
 output cap could keep is refused: the cap keeps :data:`~distlab.grade.student_output.MAX_CELL_OUTPUT_CHARS`
 characters, at most 4 bytes each in UTF-8.
 
+That cap is per part, and a message may have many parts, all kept by ZeroMQ until the last
+one is in: the grader's kernel manager therefore puts :mod:`distlab.grade.kernel_proxy`
+between the kernel and these sockets, which drops a message whose parts come to more than
+:data:`MAX_MESSAGE_BYTES` together before any of it reaches them, and counts it for
+:func:`explain`; the cap here stays as a second line.
+
 ZeroMQ answers an oversized message by dropping the connection for good. :class:`CappedChannel`
 watches for that (a socket monitor), connects again, and counts it; :func:`explain` then adds
 :data:`NOTE` to the cell that sent it. Whatever the kernel published while the connection was
@@ -148,8 +154,10 @@ class CappedKernelClient(AsyncKernelClient):
         return refused
 
     def take_refused(self) -> int:
-        """Messages refused since the last call (connections that were dropped are made again)."""
-        count = 0
+        """Messages refused since the last call (connections that were dropped are made again),
+        those the proxy in front of the kernel dropped included (:mod:`distlab.grade.kernel_proxy`)."""
+        proxy = getattr(self.parent, "message_cap", None)   # set by kernel_proxy.interpose
+        count = proxy.take_refused() if proxy is not None else 0
         for channel in (self._shell_channel, self._iopub_channel, self._stdin_channel, self._control_channel):
             if channel is not None:
                 channel.reconnect_if_dropped()

@@ -7,8 +7,8 @@
   (:mod:`distlab.grade.cleanroom`, a separate process), and writes each test cell's output and
   verdict into the notebook, where nbgrader's ``SaveAutoGrades`` scores them as usual
   (an error output: 0 points; none: full points).
-* :class:`SaveAutoGradesAtOnce` replaces nbgrader's ``SaveAutoGrades``: one transaction per
-  student notebook instead of one commit per cell.
+* :class:`SaveAutoGradesAtOnce` (:mod:`distlab.grade.save_grades`) replaces nbgrader's
+  ``SaveAutoGrades``: one transaction per student notebook instead of one commit per cell.
 * What the kernel and the clean room print reaches the grader's log marked, neutralised and
   capped, and the kernel's cell outputs are capped as they are kept
   (:mod:`distlab.grade.student_output`).
@@ -33,11 +33,23 @@ from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.api import Gradebook, MissingEntry
-from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells, SaveAutoGrades
+from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells
 from traitlets import Integer, List, Type, Unicode
 
-from distlab.grade import bubblewrap, config, kernel_messages, limits, pipes, scratch, student_output, submission_caps
+from distlab.grade import (
+    bubblewrap,
+    config,
+    kernel_messages,
+    kernel_proxy,
+    limits,
+    pipes,
+    scratch,
+    student_output,
+    submission_caps,
+)
 from distlab.grade.kernel_sockets import PrivateSocketsKernelManager, use_private_sockets
+from distlab.grade.save_grades import SaveAutoGradesAtOnce  # noqa: F401 - its own module; named here for the config
+from distlab.grade.source_rules import forbidden_in_source
 from distlab.runtime import processes
 
 
@@ -96,6 +108,7 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         await super()._async_launch_kernel(kernel_cmd, **kw)
         if self.sandboxed:   # its sockets are in its capped folder: reached through its process's mounts
             self.ip = scratch.seen_from_outside(self.provisioner.process.pid, self.ip)
+        kernel_proxy.interpose(self)   # whole messages capped before the grader's sockets hold them
 
     async def interrupt_kernel(self):
         if not self.sandboxed:
@@ -105,6 +118,7 @@ class GradingKernelManager(PrivateSocketsKernelManager):
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
+        kernel_proxy.remove(self)
         if self.drain:   # the kernel is gone: its last lines, then the pipe
             self.drain, drain = None, self.drain
             drain.close()
@@ -190,7 +204,8 @@ class CleanRoomTests(NbGraderPreprocessor):
     test_timeout_s = Integer(config.TEST_CELL_TIMEOUT_S, help="Seconds per test cell in the clean room").tag(config=True)
     forbidden = List(Unicode(), [], help="APIs that raise 'not allowed in this exercise' on graded ranks, "
                                          "for every assignment (a notebook adds its own in its metadata: "
-                                         "{'distlab': {'forbidden': [...]}})").tag(config=True)
+                                         "{'distlab': {'forbidden': [...]}}, read from the instructor's "
+                                         "source notebook, never the submission)").tag(config=True)
 
     def caps(self) -> dict:
         return {"memory_mb": self.rank_memory_mb, "processes": self.rank_processes,
@@ -198,7 +213,6 @@ class CleanRoomTests(NbGraderPreprocessor):
                 "label": "this rank"}
 
     def preprocess(self, nb: NotebookNode, resources: dict):
-        from nbgrader.api import Gradebook
 
         info = resources["nbgrader"]
         with Gradebook(info["db_url"]) as gb:
@@ -211,7 +225,7 @@ class CleanRoomTests(NbGraderPreprocessor):
                      if c.name in test_ids and c.cell_type == "code"]
         cells = [{"grade_id": cell.metadata.get("nbgrader", {}).get("grade_id"), "source": cell.source}
                  for cell in nb.cells if cell.cell_type == "code"]
-        forbidden = list(self.forbidden) + list(nb.metadata.get("distlab", {}).get("forbidden", []))
+        forbidden = list(self.forbidden) + forbidden_in_source(self.config, info["assignment"], info["notebook"])
         job = {"cells": cells, "trusted_cells": trusted, "test_cells": tests, "caps": self.caps(),
                "protected": config.protected_paths(), "forbidden": forbidden,
                "test_timeout": self.test_timeout_s, "assignment": info["assignment"]}
@@ -312,33 +326,3 @@ def released_version(source: str) -> str:
     cell = NotebookNode({"cell_type": "code", "source": source, "metadata": {}})
     ClearHiddenTests()._remove_hidden_test_region(cell)
     return cell.source
-
-
-class SaveAutoGradesAtOnce(SaveAutoGrades):
-    """nbgrader's ``SaveAutoGrades``, writing a student's scores and comments in one transaction.
-
-    nbgrader commits after every cell, so a grading job killed halfway (a node failure, a
-    time limit) left some cells with this run's scores and the rest with the last run's or
-    none. Here each cell's write is only flushed (sent to the database inside the open
-    transaction); the commit comes once, after the last cell, and an error rolls the whole
-    student back. A server database (``DISTLAB_GRADE_DB_URL``) also makes the write atomic
-    for other readers: they see all of this student's new scores or none.
-    """
-
-    def preprocess(self, nb, resources):
-        info = resources["nbgrader"]
-        self.notebook_id, self.assignment_id = info["notebook"], info["assignment"]
-        self.student_id, self.db_url = info["student"], info["db_url"]
-        self.gradebook = Gradebook(self.db_url)
-        with self.gradebook:
-            session = self.gradebook.db
-            session.commit = session.flush  # for the cells below: write, but do not commit yet
-            try:
-                nb, resources = NbGraderPreprocessor.preprocess(self, nb, resources)
-            except BaseException:
-                session.rollback()
-                raise
-            finally:
-                del session.commit         # the session's own commit again
-            session.commit()
-        return nb, resources

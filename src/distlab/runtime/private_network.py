@@ -21,7 +21,13 @@ name and, without them, asks DNS, which is out of reach inside and makes torch w
 Ranks that Slurm starts on one node get the same: a Slurm job step whose ranks all run on one
 node (a hub notebook's ``distlab.run`` is one, started with ``srun``) runs its torchrun through
 ``python -m distlab.runtime.private_network FOLDER -- COMMAND...`` (:func:`main`), which enters a
-network of its own on that node, with its hosts file in FOLDER, and becomes COMMAND.
+network of its own on that node, with its hosts file in FOLDER, and becomes COMMAND. A batch
+job's script (:func:`distlab.runtime.launchers.slurm.script.job_script`, what ``launcher="sbatch"``
+submits and ``distlab-slurm script`` prints) cannot know when it is written how many nodes it
+will get (``sbatch --nodes=1`` overrides its ``#SBATCH`` line): it runs torchrun through
+``python -m distlab.runtime.private_network --one-node -- COMMAND...``, which enters a network of
+its own only where the step runs on one node (``SLURM_NNODES`` is 1), its hosts file in a
+private folder removed once it is in place, and otherwise becomes COMMAND as it is.
 
 What stays: a run across several machines needs the real network between its nodes, so there
 the store and gloo are reachable by other accounts on those nodes as before (the instructor's
@@ -34,9 +40,11 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import shutil
 import socket
 import struct
 import sys
+import tempfile
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -45,6 +53,8 @@ _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 EXTRA_HOSTS = "127.0.0.1 localhost\n::1 localhost\n::ffff:127.0.0.1 localhost\n"
 """Lines added to the machine's /etc/hosts inside (see the module's docstring)."""
+ONE_NODE = "--one-node"
+""":func:`main`'s option for a batch job's script: a network of its own only on one node."""
 VARIABLE = "DISTLAB_PRIVATE_NETWORK"
 """``DISTLAB_PRIVATE_NETWORK=0`` starts the ranks in the network they were started from: the grading
 sandbox sets it (its network is private already, and the clean room counts its ranks' bytes there)."""
@@ -111,12 +121,26 @@ def enter(hosts: str | None = None) -> bool:
     return True
 
 
+def enter_with_own_hosts_file() -> bool:
+    """:func:`enter`, its hosts file in a new private folder, removed once it is shown as /etc/hosts."""
+    folder = tempfile.mkdtemp(prefix="distlab-network-")
+    try:
+        return enter(hosts_file(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str]) -> None:
     """``python -m distlab.runtime.private_network FOLDER -- COMMAND...``: COMMAND in a network of
-    its own (its hosts file written into FOLDER), or, where Linux refuses one, as it is."""
-    folder, command = argv[0], argv[argv.index("--") + 1:]
-    if wanted():
-        enter(hosts_file(folder))
+    its own (its hosts file written into FOLDER), or, where Linux refuses one, as it is.
+    ``... --one-node -- COMMAND...``: the same where this Slurm step runs on one node, else
+    COMMAND as it is (see the module's docstring)."""
+    where, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    if where == [ONE_NODE]:
+        if wanted() and os.environ.get("SLURM_NNODES") == "1":
+            enter_with_own_hosts_file()
+    elif wanted():
+        enter(hosts_file(where[0]))
     os.execvp(command[0], command)
 
 

@@ -26,7 +26,7 @@ OFFLINE_VARIABLES = {
 
 def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoint: str,
                           rdzv_id: str, target: list[str], extra: list[str] = (),
-                          private_network_folder: str | None = None) -> str:
+                          private_network_folder: str | None = None, private_network_on_one_node: bool = False) -> str:
     """The shell line that ``srun`` runs once on every node: torchrun, joining the rendezvous.
 
     ``nnodes``, ``endpoint`` and ``rdzv_id`` may be shell variables (``"$SLURM_NNODES"``):
@@ -36,6 +36,8 @@ def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoin
     this node's address on it. ``private_network_folder`` (a step on one node): torchrun and
     its ranks start in a network of their own there (:mod:`distlab.runtime.private_network`,
     its hosts file in that folder), whose loopback the rendezvous is on.
+    ``private_network_on_one_node`` (a batch job's script): the same, decided on the node, where
+    the step turns out to run on one node.
     """
     host = endpoint.rsplit(":", 1)[0]
     host = f'"{host}"' if "$" in host else shlex.quote(host)
@@ -50,6 +52,9 @@ def torchrun_on_each_node(python: str, nnodes: str, nproc_per_node: int, endpoin
     if private_network_folder:
         torchrun = (f"{shlex.quote(python)} -m distlab.runtime.private_network "
                     f"{shlex.quote(private_network_folder)} -- {torchrun}")
+    elif private_network_on_one_node:
+        route.append("# On one node, torchrun and its ranks start in a network of their own (see step 2).")
+        torchrun = f"{shlex.quote(python)} -m distlab.runtime.private_network --one-node -- {torchrun}"
     parts = [f"exec {torchrun}"]
     parts += [a if "$" in a else shlex.quote(a) for a in args]
     parts += ['--local-addr="$address"', "--rdzv-conf=is_host=$(( SLURM_NODEID == 0 ))", shlex.join(target)]
@@ -132,15 +137,22 @@ def job_script(config: SlurmConfig, *, nodes: int, nproc_per_node: int,
     python = config.python_on_nodes
     torchrun = torchrun_on_each_node(python, "$SLURM_NNODES", nproc_per_node,
                                      "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID", target,
-                                     ["--max-restarts=0", *torchrun_extra])
+                                     ["--max-restarts=0", *torchrun_extra], private_network_on_one_node=True)
     lines = ["#!/bin/bash", "# Written by distlab. Submit it with: sbatch <this file>"]
     lines += [f"#SBATCH {option}" for option in sbatch]
     lines += ["", "# 1. The software environment of every node.", *environment_lines(config, exports)]
     lines += [
         "",
-        "# 2. Where the ranks meet: the first node of the allocation"
+        "# 2. Where the ranks meet.",
+        'if [ "$SLURM_NNODES" -eq 1 ]; then',
+        "    # One node: on its loopback, in a network of the job's own that no other account on",
+        "    # this node can reach (torchrun and its ranks start in it, in step 3).",
+        "    MASTER_ADDR=127.0.0.1",
+        "else",
+        "    # Several nodes: on the first node of the allocation"
         + (f", reached through the fast network (suffix {config.hostname_suffix!r})." if config.hostname_suffix else "."),
-        f'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1){config.hostname_suffix}"',
+        f'    MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1){config.hostname_suffix}"',
+        "fi",
         *free_port_lines(python),
         "export MASTER_ADDR MASTER_PORT",
     ]
