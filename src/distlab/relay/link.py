@@ -123,9 +123,18 @@ class _Link:
                 self._posted.setdefault((src, tag), deque()).append(work)
             broken = self._broken
         if message is not None:
+            self._took(src, tag)
             work.complete(*message)
         elif broken:
             work.fail(broken)
+
+    def _took(self, src: int, tag: int) -> None:
+        """Tell the router a receive took a message from ``src``: it stops counting it as held
+        for ``src`` (the router caps what a rank sent that was not received yet)."""
+        try:
+            self.send({"k": "took", "src": src, "tag": tag}, [])
+        except (OSError, RelayError):
+            pass   # the link is gone: the receive's own result says so
 
     def expect_reply(self, key: tuple, work: Work) -> None:
         with self._lock:
@@ -152,6 +161,7 @@ class _Link:
                 if work is None:
                     self._arrived.setdefault(key, deque()).append((header["parts"], payload))
             if work is not None:
+                self._took(*key)
                 work.complete(header["parts"], payload)
         elif kind in ("done", "error"):
             with self._lock:
