@@ -16,7 +16,8 @@ the other. A thread of this process then serves every descriptor:
 Nothing here ever blocks on one rank: descriptors are non-blocking, reads are parsed as they
 come, and each rank has a queue of frames waiting to be written to it. A rank that is slow to
 read (busy in its own code) only makes its queue longer; the others go on. Messages are
-delivered at once and in the order each sender sent them, as gloo does.
+delivered at once and in the order each sender sent them, as gloo does (or, with a seed,
+late and out of order between different pairs of ranks: :mod:`distlab.relay.schedule`).
 
 The router runs in the process that owns the record, the grader's undumpable clean room
 (:func:`distlab.grade.limits.make_undumpable`): a rank, running as the same user, can neither
@@ -38,7 +39,7 @@ import socket
 import threading
 from collections import deque
 
-from distlab.relay import collectives, frames, holdings, record
+from distlab.relay import collectives, frames, holdings, record, schedule
 
 SETTLE_TIMEOUT_S = 5.0
 _DISCARD = bytearray(1 << 16)
@@ -67,6 +68,7 @@ class Router:
         self._outbound = {rank: deque() for rank in range(nprocs)}
         self._pending: dict[tuple, dict] = {}
         self._order = 0
+        self.schedule = schedule.from_environment()                 # None: every message at once
         self._held = holdings.Holdings(nprocs)                       # what is held for whom, and the caps
         self.stopped: str | None = None                              # why the run was stopped, once it is
         self._wake_read, self._wake_write = os.pipe()
@@ -119,7 +121,7 @@ class Router:
 
     def _serve(self) -> None:
         while not self._stopping:
-            for key, events in self._selector.select():
+            for key, events in self._selector.select(self.schedule.timeout() if self.schedule else None):
                 if key.data is None:
                     os.read(self._wake_read, 64)
                     continue
@@ -127,6 +129,9 @@ class Router:
                     self._read(key.data)
                 if events & selectors.EVENT_WRITE:
                     self._flush(key.data)
+            for dst, header, payload in (self.schedule.due() if self.schedule else ()):
+                if self.stopped is None:
+                    self._queue(dst, header, payload)
             if self._settle_wanted:
                 self._drain()
                 self._settle_wanted = False
@@ -202,6 +207,8 @@ class Router:
         link breaks with that message."""
         self.stopped = why
         self._pending.clear()
+        if self.schedule is not None:
+            self.schedule.clear()
         for rank in range(self.nprocs):
             self._queue(rank, {"k": "error", "message": why}, b"")
 
@@ -257,7 +264,11 @@ class Router:
                 return
             record.publish(record.Message(rank, dst, len(payload), tag, self._next()))
             self._held.sent(rank, dst, tag, len(payload))
-            self._queue(dst, {"k": "msg", "src": rank, "tag": tag, "parts": parts}, payload)
+            message = {"k": "msg", "src": rank, "tag": tag, "parts": parts}
+            if self.schedule is not None:      # seeded delays (distlab.relay.schedule)
+                self.schedule.hold(rank, dst, (dst, message, payload))
+            else:
+                self._queue(dst, message, payload)
         elif kind == "took":
             self._held.took(rank, header.get("src"), header.get("tag"))
         elif kind == "coll":
