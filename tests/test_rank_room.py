@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from distlab.grade import bubblewrap, limits, rank_room
+from distlab.grade import bubblewrap, limits, rank_keeper, rank_room
 
 SECRET = "the-answer-is-42"
 
@@ -410,6 +410,19 @@ def test_chapters_that_make_groups_of_their_own_keep_the_network_and_lose_the_re
                                                           "kwargs": {}}], "07-3d-parallelism")}
     assert list(steps) == ["prepare", "f", "enter"] and steps["enter"]["kwargs"] == {"network": False}
     assert rank_room.around([], "02-collectives")[-1]["kwargs"] == {"network": True}
+
+
+@pytest.mark.parametrize("env, own", [({"DISTLAB_BACKEND": "gloo"}, True), ({"DISTLAB_BACKEND": "relay"}, True),
+                                       ({"DISTLAB_BACKEND": "nccl"}, False),
+                                       ({"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_WORLD_SIZE": "2"}, False),
+                                       ({"CUDA_VISIBLE_DEVICES": "0", "LOCAL_WORLD_SIZE": "2"}, True),
+                                       ({"CUDA_VISIBLE_DEVICES": "", "LOCAL_WORLD_SIZE": "2"}, True)])
+def test_ranks_that_may_join_nccl_keep_the_sandbox_s_process_ids(monkeypatch, env, own):
+    for name in ("DISTLAB_BACKEND", "CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert rank_keeper.wanted() is own
 
 
 PROBE = textwrap.dedent(r'''

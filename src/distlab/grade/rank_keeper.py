@@ -26,6 +26,23 @@ from __future__ import annotations
 import os
 
 
+def wanted() -> bool:
+    """Whether this rank gets process ids of its own: not where it may join an NCCL group (asked
+    for, or chosen because every rank has a GPU, :func:`distlab.runtime.devices.choose_backend`;
+    told from the environment and ``/dev``, before torch looks at the GPUs). NCCL's ranks keep
+    the sandbox's process ids, as they keep its network: NCCL hands GPU memory from one process
+    to another, and its ways of doing so have not been tried across namespaces here."""
+    backend = os.environ.get("DISTLAB_BACKEND", "")
+    if backend in ("gloo", "relay"):
+        return True
+    if backend == "nccl":
+        return False
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = len([d for d in visible.split(",") if d.strip()]) if visible is not None else \
+        len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
+    return not gpus or gpus < int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
 def split_off() -> None:
     """Fork: the child, process 1 of the namespace made for its children, returns and is the rank
     from now on; this process becomes its keeper and never returns (:func:`_keep`)."""

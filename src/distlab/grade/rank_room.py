@@ -21,7 +21,8 @@ process id  Made with the user namespace; the process forks, and its child, the 
              (:mod:`distlab.grade.rank_keeper`: the parent stays outside as its keeper, which the
              launcher sees as the rank). No other rank, no agent and no grader has a number
              there: ``kill``, ``ptrace``, ``prlimit`` and every other call that names a process
-             reach only what the rank started, and ``kill(0, ...)`` only its own session.
+             reach only what the rank started, and ``kill(0, ...)`` only its own session. (Not
+             for ranks that may join NCCL: :func:`distlab.grade.rank_keeper.wanted`.)
 network     A new, empty network: not even a loopback that is up. The gloo connections made before
              (the process group) keep working, because an open socket stays in the network it was
              made in; nothing new can be opened to anyone: a ``TCPStore`` or a gloo group of the
@@ -159,11 +160,13 @@ def prepare() -> None:
     if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
         raise RoomError("the rank's private room must be prepared before the rank starts a thread")
     uid, gid = os.getuid(), os.getgid()
-    _check(_libc().unshare(_CLONE_NEWPID | (0 if uid == 0 else _CLONE_NEWUSER)),
+    own_pids = rank_keeper.wanted()
+    _check(_libc().unshare((_CLONE_NEWPID if own_pids else 0) | (0 if uid == 0 else _CLONE_NEWUSER)),
            "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
     if uid != 0:
         private_network.map_to_itself(uid, gid)
-    rank_keeper.split_off()
+    if own_pids:
+        rank_keeper.split_off()
 
 
 def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER_MB,
