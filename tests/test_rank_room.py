@@ -18,12 +18,12 @@ import textwrap
 
 import pytest
 
-from distlab.grade import bubblewrap, rank_room
+from distlab.grade import bubblewrap, limits, rank_keeper, rank_room
 
 SECRET = "the-answer-is-42"
 
 PROGRAM = textwrap.dedent(r'''
-import ctypes, datetime, json, os, socket, sys, threading, time
+import ctypes, datetime, json, os, signal, socket, sys, threading, time
 import distlab
 from distlab.grade import rank_room
 from distlab.runtime import options
@@ -155,6 +155,37 @@ def the_sibling_s_proc():
     return _meet(put, get)
 
 
+def _signalled_by_rank_1(send):
+    """Rank 1 runs send(libc); rank 0 answers whether a SIGWINCH (ignored by default) reached it."""
+    import torch.distributed as dist
+    libc = ctypes.CDLL(None, use_errno=True)
+    got = []
+    signal.signal(signal.SIGWINCH, lambda *_: got.append(1))
+    dist.barrier()
+    sent = send(libc) if dist.get_rank() == 1 else None
+    time.sleep(0.5)
+    dist.barrier()
+    signal.signal(signal.SIGWINCH, signal.SIG_DFL)
+    return f"{SECRET}: rank 0 got rank 1's signal" if got else f"no signal came ({sent})"
+
+
+def signal_the_sibling():
+    """Rank 1 finds rank 0 by its name in /proc and signals it through libc. (Rank 0's answer.)"""
+    def send(libc):
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and open(f"/proc/{pid}/comm").read().strip() == "distlab-rank0":
+                    libc.kill(int(pid), signal.SIGWINCH)
+            except OSError:
+                pass
+    return _signalled_by_rank_1(send)
+
+
+def signal_the_process_group():
+    """Rank 1 signals its whole process group (kill(0, ...)). (Rank 0's answer.)"""
+    return _signalled_by_rank_1(lambda libc: libc.kill(0, signal.SIGWINCH))
+
+
 def undo_the_room():
     """Unmount the private /tmp (to reach the shared one beneath), from the main thread."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -163,9 +194,19 @@ def undo_the_room():
     return "unmounted"
 
 
+def _task(native_id):
+    """The folder of /proc/self/task of a thread: a rank in its room is numbered by its own pid
+    namespace (native_id) and by the sandbox's (/proc): the NSpid line has both."""
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/status") as status:
+            if any(line.startswith("NSpid:") and int(line.split()[-1]) == native_id for line in status):
+                return task
+    return str(native_id)
+
+
 def threads_in_the_room():
     main = os.readlink("/proc/self/ns/mnt")   # the room's: the main thread entered it
-    return {t.name: os.readlink(f"/proc/self/task/{t.native_id}/ns/mnt") == main for t in threading.enumerate()
+    return {t.name: os.readlink(f"/proc/self/task/{_task(t.native_id)}/ns/mnt") == main for t in threading.enumerate()
             if t is not threading.main_thread() and t.name.startswith("distlab")}
 
 
@@ -192,6 +233,44 @@ def fill(folder, size, count):
     return made, None
 
 
+def start_a_child():
+    """Fork a child that sleeps (a call's processes must end with the call)."""
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(120)
+        os._exit(0)
+    sys.distlab_test_child = pid
+    return pid
+
+
+def the_child_is_alive():
+    try:
+        os.kill(sys.distlab_test_child, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def start_twenty_children():
+    for _ in range(20):
+        if os.fork() == 0:
+            time.sleep(120)
+            os._exit(0)
+    time.sleep(30)   # the watchdog ends this rank long before
+
+
+def ranks_left():
+    """Processes of a rank (or its keeper) still in the sandbox."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and open(f"/proc/{pid}/comm").read().startswith("distlab-"):
+                found.append(open(f"/proc/{pid}/comm").read().strip())
+        except OSError:
+            pass
+    return found
+
+
 def honest():
     import torch, torch.distributed as dist
     t = torch.ones(3) * (dist.get_rank() + 1)
@@ -209,6 +288,8 @@ for folder in ("/tmp", "/dev/shm", ".", "~"):
 for attack in (posix_shared_memory, sysv_shared_memory, the_ranks_store, a_store_of_its_own,
                abstract_unix_socket, the_run_folder, the_sibling_s_proc):
     found[attack.__name__] = pool.run(attack, timeout=60)[1]
+for attack in (signal_the_sibling, signal_the_process_group):
+    found[attack.__name__] = pool.run(attack, timeout=60)[0]
 if room:
     found["undo the room"] = pool.run(undo_the_room, timeout=60)
     found["threads"] = pool.run(threads_in_the_room, timeout=60)
@@ -217,10 +298,20 @@ if room:
         found[f"20000 files in {folder}"] = pool.run(fill, folder, 1, 20_000, timeout=120)
         found[f"10 GB in {folder}"] = pool.run(fill, folder, 2**20, 10 * 1024, timeout=120)
     found["10 GB in ."] = pool.run(fill, ".", 2**20, 10 * 1024, timeout=120)
+    found["a call's child"] = pool.run(start_a_child, timeout=60)
+    found["its child after the call"] = pool.run(the_child_is_alive, timeout=60)
 found["honest after"] = pool.run(honest, timeout=60)
 pool.stop()
 with options.setup_steps(pool.start_setup):   # a cold run of its own, as the clean room starts some
     found["cold run"] = distlab.run(in_folder, "/tmp", nprocs=2, launcher="fork", timeout=60)[1]
+if room:   # the process cap, counted and enforced from inside the room
+    with Pool(2, launcher="fork", start_setup=rank_room.around(caps, "02-collectives")) as pool:
+        try:
+            pool.run(start_twenty_children, timeout=60)
+            found["past the process cap"] = "not stopped"
+        except Exception as exc:
+            found["past the process cap"] = str(exc)
+    found["left after the pools"] = ranks_left()
 print("FOUND " + json.dumps(found))
 ''')
 
@@ -240,7 +331,7 @@ def run_attacks(folder, room: bool) -> dict:
 
 ATTACKS = ["cold run", "file in /tmp", "file in /dev/shm", "file in .", "file in ~", "posix_shared_memory",
            "sysv_shared_memory", "the_ranks_store", "a_store_of_its_own", "abstract_unix_socket", "the_run_folder",
-           "the_sibling_s_proc"]
+           "the_sibling_s_proc", "signal_the_sibling", "signal_the_process_group"]
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +371,17 @@ def test_a_rank_cannot_undo_its_room_and_its_threads_are_inside(ranks_in_rooms):
         assert {"distlab-rank-state", "distlab-limits-watchdog"} <= set(threads) and all(threads.values()), threads
 
 
+def test_in_its_room_a_rank_s_processes_are_counted_capped_and_ended(ranks_in_rooms):
+    """The room's process-id namespace numbers a rank's children otherwise than /proc does: the
+    watchdog still counts them and stops the rank past its cap, and what a call started still
+    ends with the call."""
+    assert all(isinstance(pid, int) for pid in ranks_in_rooms["a call's child"])
+    assert ranks_in_rooms["its child after the call"] == [False, False]
+    stopped = ranks_in_rooms["past the process cap"]   # the watchdog's exit code, passed on by the keeper
+    assert f"exited with code {limits.EXIT_TOO_MANY_PROCESSES}" in stopped, stopped
+    assert ranks_in_rooms["left after the pools"] == []
+
+
 def test_a_rank_holds_no_descriptor_of_a_shared_place(ranks_in_rooms):
     """Its standard input is /dev/null and its output its own files; the rest is the process
     group's (sockets, gloo's pipes and event queue): nothing open on a folder or file of another."""
@@ -309,6 +411,19 @@ def test_every_chapter_s_ranks_lose_the_network_those_that_make_groups_too():
     steps = {s["function"]: s for s in rank_room.around([{"module": "m", "function": "f", "when": "start",
                                                           "kwargs": {}}])}
     assert list(steps) == ["prepare", "f", "enter"] and steps["enter"]["kwargs"] == {"network": True}
+
+
+@pytest.mark.parametrize("env, own", [({"DISTLAB_BACKEND": "gloo"}, True), ({"DISTLAB_BACKEND": "relay"}, True),
+                                       ({"DISTLAB_BACKEND": "nccl"}, False),
+                                       ({"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_WORLD_SIZE": "2"}, False),
+                                       ({"CUDA_VISIBLE_DEVICES": "0", "LOCAL_WORLD_SIZE": "2"}, True),
+                                       ({"CUDA_VISIBLE_DEVICES": "", "LOCAL_WORLD_SIZE": "2"}, True)])
+def test_ranks_that_may_join_nccl_keep_the_sandbox_s_process_ids(monkeypatch, env, own):
+    for name in ("DISTLAB_BACKEND", "CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert rank_keeper.wanted() is own
 
 
 PROBE = textwrap.dedent(r'''

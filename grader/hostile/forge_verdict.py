@@ -6,10 +6,11 @@ show its command line, by their names).
 
 Expected: the verdict travels on a pipe of the grader that the ranks do not hold, the clean
 room's folder cannot even be found (the clean room is not dumpable: its /proc entries are
-closed to the ranks), and a clean room that did not exit cleanly gives no verdict. Every
-task scores 0; the students graded around it keep theirs.
+closed to the ranks), and the kill reaches nothing: each graded rank has process ids of its
+own (distlab.grade.rank_keeper), where the clean room has no number. (Before that, the kill
+ended the clean room, and a clean room that did not exit cleanly gave no verdict: still so.)
+Every task scores 0; the students graded around it keep theirs.
 """
-OUTPUT_CONTAINS = ["GradingError", "the clean room ended with"]
 AFFECTED = ["task1-tests", "task2-tests", "concept-a-tests", "concept-b-tests", "concept-c-tests"]
 ANSWERS = {
     "task1-answer": r'''import ctypes, json, os

@@ -59,7 +59,8 @@ SANDBOX_VARIABLE = "DISTLAB_GRADE_SANDBOX"
 PASSED_VARIABLES = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "OMP_NUM_THREADS",
                     "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME",
                     "DISTLAB_GRADE_KERNEL", "DISTLAB_THREADS", "DISTLAB_BACKEND", "DISTLAB_PG_TIMEOUT",
-                    "DISTLAB_START_TIMEOUT", "DISTLAB_MAX_OUTPUT_BYTES", "DISTLAB_CORPUS", "DISTLAB_RANK_ROOM"}
+                    "DISTLAB_START_TIMEOUT", "DISTLAB_MAX_OUTPUT_BYTES", "DISTLAB_CORPUS", "DISTLAB_RANK_ROOM",
+                    "DISTLAB_RELAY_SEED"}
 """Variables the sandbox keeps; the rest of the grader's environment (tokens, passwords, Slurm's
 job variables: inside, ranks start locally) stays out."""
 PASSED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "NVIDIA_")

@@ -41,10 +41,23 @@ _state = {"installed": False, "protected": [], "allowed": [], "spawns_left": Non
 def _is_descendant(pid: int) -> bool:
     import psutil
 
+    from distlab.runtime.processes import init_of_own_pids
+
+    if init_of_own_pids():   # a rank in its room: all of its namespace but itself is below it
+        return pid != 1 and _in_own_pids(pid)
     try:
         return any(p.pid == os.getpid() for p in psutil.Process(pid).parents())
     except psutil.Error:
         return True  # already gone: nothing to protect
+
+
+def _in_own_pids(pid: int) -> bool:
+    """Whether ``pid`` names a process (not a thread) of this process's own process-id namespace."""
+    try:
+        os.close(os.pidfd_open(pid))
+        return True
+    except OSError:
+        return False
 
 
 _FOLDER_EVENTS = {"os.chdir", "os.listdir", "os.scandir"}

@@ -16,6 +16,13 @@ user         Made first (:func:`prepare`, a ``start`` step: the rank has one thr
              to make the namespaces below, and nothing outside them. Once the room is built the
              rank gives up every capability, so it cannot undo a mount, join another namespace or
              make a new one that would help.
+process id  Made with the user namespace; the process forks, and its child, the first process
+             of the new namespace, is the rank from then on, in a session of its own
+             (:mod:`distlab.grade.rank_keeper`: the parent stays outside as its keeper, which the
+             launcher sees as the rank). No other rank, no agent and no grader has a number
+             there: ``kill``, ``ptrace``, ``prlimit`` and every other call that names a process
+             reach only what the rank started, and ``kill(0, ...)`` only its own session. (Not
+             for ranks that may join NCCL: :func:`distlab.grade.rank_keeper.wanted`.)
 network     A new, empty network: not even a loopback that is up. The gloo connections made before
              (the process group) keep working, because an open socket stays in the network it was
              made in; nothing new can be opened to anyone: a ``TCPStore`` or a gloo group of the
@@ -62,17 +69,20 @@ user cannot read its memory, its descriptors or its files through ``/proc/<pid>/
 
 What remains, said plainly:
 
-* the connections gloo made before the room, which carry the exercise's collectives: a rank
-  can write whatever it likes on them (the clean room counts those bytes, :mod:`distlab.grade.wire`;
-  the grader's own backend, where every message is recorded, replaces them);
+* a run that is not on the grader's own backend (every chapter's is; a chapter a course adds
+  may not be) keeps the connections gloo made before the room: a rank can write whatever it
+  likes on them (the clean room counts those bytes, :mod:`distlab.grade.wire`);
 * gloo's and the math library's native threads, started before the room, stay outside it: a
   rank that rewrites its own machine code to run in one of them could open files or sockets
   in the sandbox's shared view (no Python-level road leads there);
-* the ranks still see each other in the sandbox's ``/proc`` (names, states, not contents) and
-  can signal each other (one pid namespace for the sandbox; a pid namespace per rank would
-  make each rank the init of its own, whose signals and pid files the launcher would have to
-  learn), and they share the machine's CPUs, so timing between them is observable: slow covert
-  channels, bits per second, not a way to move tensors within a test's time limit;
+* the ranks still see each other's names and states in the sandbox's ``/proc`` (not contents,
+  and they cannot signal what they see): a ``/proc`` of the rank's own namespace cannot be
+  mounted where the grader runs as root, because ``bwrap`` covers ``/proc/sys`` and three
+  more entries there, and Linux refuses a new ``/proc`` to a user namespace that sees one
+  partly covered (measured: EPERM). Our code in a rank counts and ends its processes by what
+  ``/proc`` shows (:func:`distlab.runtime.processes.init_of_own_pids`). The ranks share the
+  machine's CPUs, so timing between them is observable: slow covert channels, bits per second,
+  not a way to move tensors within a test's time limit;
 * ranks on NCCL keep the loopback and ``/dev/shm`` (NCCL connects two GPUs when they first talk,
   through both; files, IPC and the run folder are private there too).
 """
@@ -86,6 +96,7 @@ import socket
 import threading
 from pathlib import Path
 
+from distlab.grade import rank_keeper
 from distlab.runtime import private_network
 from distlab.runtime import rundir as files
 
@@ -96,7 +107,8 @@ FOLDER_FILES = 10_000
 ALWAYS_PRIVATE = ("/tmp", "/dev/shm")
 VARIABLE = "DISTLAB_RANK_ROOM"
 
-_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 _MS_RDONLY, _MS_REMOUNT = 1, 32
 _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 38, 24
@@ -139,15 +151,18 @@ def _check(result: int, what: str) -> None:
 
 def prepare() -> None:
     """First thing on the rank, while it has one thread: a user namespace of its own, the same
-    account inside (see the module's docstring). A root rank (a grader without the sandbox) has
-    the rights already."""
-    if os.getuid() == 0:
-        return
+    account inside, and a process-id namespace of its own, whose first process (pid 1) becomes
+    the rank while this one stays behind as its keeper (:mod:`distlab.grade.rank_keeper`)."""
     if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
         raise RoomError("the rank's private room must be prepared before the rank starts a thread")
     uid, gid = os.getuid(), os.getgid()
-    _check(_libc().unshare(_CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-    private_network.map_to_itself(uid, gid)
+    own_pids = rank_keeper.wanted()
+    _check(_libc().unshare((_CLONE_NEWPID if own_pids else 0) | (0 if uid == 0 else _CLONE_NEWUSER)),
+           "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
+    if uid != 0:
+        private_network.map_to_itself(uid, gid)
+    if own_pids:
+        rank_keeper.split_off()
 
 
 def enter(run_dir: str, rank: int, network: bool = True, folder_mb: int = FOLDER_MB,

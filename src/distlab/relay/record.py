@@ -60,6 +60,7 @@ class RecordMismatch(AssertionError):
 @dataclass
 class Record:
     entries: list = field(default_factory=list)
+    seeds: set = field(default_factory=set)   # the seeds of the routers that delayed messages (relay.schedule)
 
     def messages(self) -> list[Message]:
         return [e for e in self.entries if isinstance(e, Message)]
@@ -106,9 +107,16 @@ def publish(entry) -> None:
             record.entries.append(entry)
 
 
+def _seed_of(router) -> set:
+    schedule = getattr(router, "schedule", None)
+    return {schedule.seed} if schedule is not None else set()
+
+
 def register_router(router) -> None:
     with _lock:
         _routers.add(router)
+        for record in _captures:
+            record.seeds |= _seed_of(router)
 
 
 def unregister_router(router) -> None:
@@ -127,6 +135,8 @@ def capture():
     record = Record()
     with _lock:
         _captures.append(record)
+        for router in _routers:
+            record.seeds |= _seed_of(router)
     try:
         yield record
     finally:

@@ -20,11 +20,19 @@ the other. A thread of this process then serves every descriptor:
 Nothing here ever blocks on one rank: descriptors are non-blocking, reads are parsed as they
 come, and each rank has a queue of frames waiting to be written to it. A rank that is slow to
 read (busy in its own code) only makes its queue longer; the others go on. Messages are
-delivered at once and in the order each sender sent them, as gloo does.
+delivered at once and in the order each sender sent them, as gloo does (or, with a seed,
+late and out of order between different pairs of ranks: :mod:`distlab.relay.schedule`).
 
 The router runs in the process that owns the record, the grader's undumpable clean room
 (:func:`distlab.grade.limits.make_undumpable`): a rank, running as the same user, can neither
 read nor write its memory, nor take its descriptors through ``/proc``.
+
+What the router holds for the ranks is capped, because that memory is the grader's
+(:mod:`distlab.relay.holdings` counts it). A frame is checked on its header, before its
+payload is read, so a header that announces gigabytes costs nothing. Past a cap the router
+*stops the run*: every rank's link breaks with one message that
+names the rank and the operation (``rank 1 sent more than 256 MiB that rank 0 has not received
+yet ...``), so the run fails with it; what the ranks write from then on is read and dropped.
 """
 
 from __future__ import annotations
@@ -35,9 +43,10 @@ import socket
 import threading
 from collections import deque
 
-from distlab.relay import collectives, frames, record
+from distlab.relay import collectives, frames, holdings, record, schedule
 
 SETTLE_TIMEOUT_S = 5.0
+_DISCARD = bytearray(1 << 16)
 
 
 class _Inbound:
@@ -47,7 +56,7 @@ class _Inbound:
         self.prefix = bytearray()
         self.header: dict | None = None
         self.header_length = self.payload_length = 0
-        self.buffer = bytearray()
+        self.buffer: bytearray | None = bytearray()   # None: the payload is read and dropped
         self.got = 0
 
 
@@ -62,8 +71,11 @@ class Router:
         self._inbound = {rank: _Inbound() for rank in range(nprocs)}
         self._outbound = {rank: deque() for rank in range(nprocs)}
         self._pending: dict[tuple, dict] = {}
-        self._untaken: dict[int, tuple] = {}    # a message's number -> (sender, receiver, the sender's number)
+        self._untaken: dict[int, tuple] = {}    # a message's number -> (sender, receiver, the sender's number, tag)
         self._order = 0
+        self.schedule = schedule.from_environment()                 # None: every message at once
+        self._held = holdings.Holdings(nprocs)                       # what is held for whom, and the caps
+        self.stopped: str | None = None                              # why the run was stopped, once it is
         self._wake_read, self._wake_write = os.pipe()
         self._selector = selectors.DefaultSelector()
         self._settled = threading.Event()
@@ -114,7 +126,7 @@ class Router:
 
     def _serve(self) -> None:
         while not self._stopping:
-            for key, events in self._selector.select():
+            for key, events in self._selector.select(self.schedule.timeout() if self.schedule else None):
                 if key.data is None:
                     os.read(self._wake_read, 64)
                     continue
@@ -122,6 +134,9 @@ class Router:
                     self._read(key.data)
                 if events & selectors.EVENT_WRITE:
                     self._flush(key.data)
+            for dst, header, payload in (self.schedule.due() if self.schedule else ()):
+                if self.stopped is None:
+                    self._queue(dst, header, payload)
             if self._settle_wanted:
                 self._drain()
                 self._settle_wanted = False
@@ -155,24 +170,52 @@ class Router:
                 if len(state.prefix) < head + state.header_length or len(state.prefix) < head:
                     return True
                 state.header = frames.parse_header(state.prefix[head:])
-                state.buffer, state.got = bytearray(state.payload_length), 0
+                state.buffer, state.got = self._payload_buffer(rank, state.header, state.payload_length), 0
             if state.got < state.payload_length:
-                n = sock.recv_into(memoryview(state.buffer)[state.got:])
+                if state.buffer is None:
+                    n = sock.recv_into(_DISCARD, min(len(_DISCARD), state.payload_length - state.got))
+                else:
+                    n = sock.recv_into(memoryview(state.buffer)[state.got:])
                 if n == 0:
                     return self._hang_up(rank)
                 state.got += n
             if state.header is not None and state.got == state.payload_length:
                 header, payload = state.header, state.buffer
                 self._inbound[rank] = _Inbound()
-                try:
-                    self._handle(rank, header, payload)
-                except Exception as exc:  # noqa: BLE001 - a rank's odd frame must not end the router
-                    self._queue(rank, {"k": "error", "message": f"a frame the router could not use ({exc})"}, b"")
+                self._held.read(rank)
+                if payload is not None and self.stopped is None:
+                    try:
+                        self._handle(rank, header, payload)
+                    except Exception as exc:  # noqa: BLE001 - a rank's odd frame must not end the router
+                        self._queue(rank, {"k": "error", "message": f"a frame the router could not use ({exc})"},
+                                    b"")
             return True
         except (BlockingIOError, InterruptedError):
             return False
         except (OSError, MemoryError, frames.BrokenFrame):   # gone, or not speaking frames
             return self._hang_up(rank)
+
+    def _payload_buffer(self, rank: int, header: dict, size: int) -> bytearray | None:
+        """Where the payload of the frame whose header just came goes: a buffer, or ``None`` (read
+        and dropped) when the run is stopped or holding it would pass a cap (which stops it)."""
+        if self.stopped is not None:
+            return None
+        why = self._held.refusal(rank, header, size)
+        if why is not None:
+            self._stop(why)
+            return None
+        return bytearray(size)
+
+    def _stop(self, why: str) -> None:
+        """Stop the run: drop the collectives held, and tell every rank ``why``, after what is queued
+        for it already (a frame half written must be completed; the queue is capped), so that its
+        link breaks with that message."""
+        self.stopped = why
+        self._pending.clear()
+        if self.schedule is not None:
+            self.schedule.clear()
+        for rank in range(self.nprocs):
+            self._queue(rank, {"k": "error", "message": why}, b"")
 
     def _hang_up(self, rank: int) -> bool:
         """A rank closed its end, or wrote garbage: stop listening to it."""
@@ -186,13 +229,18 @@ class Router:
         size = sum(len(p) for p in payload) if isinstance(payload, list) else len(payload)
         pieces = [frames.pack(header, size)] + (payload if isinstance(payload, list) else [payload])
         self._outbound[rank].extend(memoryview(p).cast("B") for p in pieces if len(p))
+        self._held.queued[rank] += sum(len(p) for p in pieces)
         self._flush(rank)
+        why = self._held.queue_verdict(rank)
+        if why is not None and self.stopped is None:
+            self._stop(why)
 
     def _flush(self, rank: int) -> None:
         queue, sock = self._outbound[rank], self.sockets[rank]
         try:
             while queue:
                 sent = sock.send(queue[0])
+                self._held.queued[rank] -= sent
                 if sent < len(queue[0]):
                     queue[0] = queue[0][sent:]
                     break
@@ -201,6 +249,7 @@ class Router:
             pass
         except OSError:
             queue.clear()
+            self._held.queued[rank] = 0
         try:
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if queue else 0)
             self._selector.modify(sock, events, rank)
@@ -220,14 +269,19 @@ class Router:
                 return
             ref = self._next()
             record.publish(record.Message(rank, dst, len(payload), tag, ref))
-            self._untaken[ref] = (rank, dst, header.get("id"))
-            self._queue(dst, {"k": "msg", "src": rank, "tag": tag, "parts": frames.flat_parts(parts), "ref": ref},
-                        payload)
+            self._untaken[ref] = (rank, dst, header.get("id"), tag)
+            self._held.sent(rank, dst, tag, len(payload))
+            message = {"k": "msg", "src": rank, "tag": tag, "parts": frames.flat_parts(parts), "ref": ref}
+            if self.schedule is not None:      # seeded delays (distlab.relay.schedule)
+                self.schedule.hold(rank, dst, (dst, message, payload))
+            else:
+                self._queue(dst, message, payload)
         elif kind == "taken":
             sender = self._untaken.get(header.get("ref"))
             if sender is not None and sender[1] == rank:       # only the receiver says it took a message
                 del self._untaken[header.get("ref")]
-                self._queue(sender[0], {"k": "taken", "id": sender[2]}, b"")
+                self._held.took(rank, sender[0], sender[3])     # no longer held for the sender
+                self._queue(sender[0], {"k": "taken", "id": sender[2]}, b"")   # its send completes
         elif kind == "coll":
             self._collective(rank, header, payload)
         else:
@@ -241,10 +295,15 @@ class Router:
             return
         key = (header.get("group"), tuple(ranks), header.get("seq"))
         waiting = self._pending.setdefault(key, {})
+        if rank in waiting:                       # the same call twice: the first is replaced
+            self._held.waiting[rank] -= len(waiting[rank][1])
         waiting[rank] = (header, payload)
+        self._held.waiting[rank] += len(payload)
         if len(waiting) < len(ranks):
             return
         del self._pending[key]
+        for r in ranks:
+            self._held.waiting[r] -= len(waiting[r][1])
         reply = {"k": "done", "group": header.get("group"), "seq": header.get("seq")}
         try:
             first = waiting[ranks[0]][0]

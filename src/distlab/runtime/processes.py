@@ -212,9 +212,9 @@ def children(pid: int | None = None) -> set[int]:
     files are read may be missed (they are not read atomically): callers that must see every
     child look again.
     """
-    pid = os.getpid() if pid is None else pid
     if not os.path.exists("/proc/self/task"):
-        return _children_by_psutil(pid)
+        return _children_by_psutil(os.getpid() if pid is None else pid)
+    pid = "self" if pid is None else pid   # "self": right also where our pid is not /proc's (init_of_own_pids)
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:                   # the process is gone
@@ -230,6 +230,59 @@ def children(pid: int | None = None) -> set[int]:
         except OSError:               # the thread ended while we read
             continue
     return pids
+
+
+def init_of_own_pids() -> bool:
+    """Whether this process is the first of a process-id namespace of its own (a graded rank in
+    its room, :mod:`distlab.grade.rank_room`). Its ``os.getpid()`` is then 1 while ``/proc`` may
+    number it otherwise; it reaches nothing outside the namespace, and ``kill(-1, ...)`` reaches
+    exactly what it started."""
+    return os.getpid() == 1 and os.getppid() == 0
+
+
+def _signal_through_proc(pid: int, sig: int) -> None:
+    """Signal the process ``/proc/<pid>`` shows (a pidfd from that folder: right whichever
+    namespace numbers it; Linux refuses one outside ours)."""
+    try:
+        folder = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        signal.pidfd_send_signal(folder, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+
+
+def _end_trees_in_own_pids(roots: set[int]) -> None:
+    """:func:`end_children_started_since` for the init of its own namespace: SIGKILL each root and
+    everything below it (numbers as ``/proc`` shows them), then reap whatever of ours has ended."""
+    todo, seen = list(roots), set()
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo += children(pid)
+            _signal_through_proc(pid, signal.SIGKILL)
+    deadline = time.monotonic() + END_BOUND_SECONDS
+    while any(os.path.exists(f"/proc/{pid}") and _state_letter(pid) not in (b"Z", b"X", None) for pid in seen) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def _state_letter(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _children_by_psutil(pid: int) -> set[int]:
@@ -248,6 +301,9 @@ def end_children_started_since(before: set[int], grace: float = 0.2) -> None:
     """
     started = children() - before
     if not started:
+        return
+    if init_of_own_pids():
+        _end_trees_in_own_pids(started)
         return
     ProcessTree(started).end(grace)
     for pid in children() - before:   # ours now: the ended children, and orphans re-parented to us

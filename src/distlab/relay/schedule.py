@@ -1,0 +1,69 @@
+"""A seeded schedule for the relay's deliveries: messages late and out of order, as a real network
+may have them, to catch solutions that work only by luck of timing.
+
+Off by default. With ``DISTLAB_RELAY_SEED=<n>`` in the environment of the process that runs the
+router (the grader's clean room, or a kernel), each message the router delivers waits first,
+between 0 and :data:`MOST_DELAY_S` seconds drawn from a generator seeded with ``n``. Messages
+between *different* pairs of ranks then arrive in another order than they were sent; between one
+pair they never do: a message is never delivered before the one its sender sent to the same
+destination before it (torch keeps that order, and so does every backend). Collectives are not
+delayed: nothing can be read of their result before they complete.
+
+What it catches: a receive whose buffer is read before ``wait()`` (it holds the message only if
+the message happened to arrive first), a ``recv`` from the wrong rank that works because that
+rank usually sends first, a barrier left out between phases. A solution correct under every
+schedule passes under every seed; the same seed gives the same delays for the same messages, so
+a failure can be replayed. The seed is not a secret: it changes when messages arrive, not what
+a correct solution computes. Why off by default: every delayed message makes a graded run
+longer, and the course's figures (``benchmarks/autograde.py``) are for the plain relay; a course
+that wants it grades with a few seeds, one run each, and keeps the seed of each in its log.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+import time
+
+VARIABLE = "DISTLAB_RELAY_SEED"
+MOST_DELAY_S = 0.05
+"""The longest a message waits before the router delivers it."""
+
+
+def from_environment() -> "Schedule | None":
+    """The schedule ``$DISTLAB_RELAY_SEED`` asks for, or ``None`` (deliver at once)."""
+    seed = os.environ.get(VARIABLE, "").strip()
+    return Schedule(int(seed)) if seed else None
+
+
+class Schedule:
+    """When each message is due, and the messages waiting for their time."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._random = random.Random(seed)
+        self._last_due: dict[tuple[int, int], float] = {}   # (src, dst) -> due time of its latest message
+        self._waiting: list = []                            # heap of (due, order, delivery)
+        self._order = 0
+
+    def hold(self, src: int, dst: int, delivery) -> None:
+        """Keep ``delivery`` until its time: a random delay, never before the pair's previous message."""
+        due = max(time.monotonic() + self._random.uniform(0, MOST_DELAY_S), self._last_due.get((src, dst), 0.0))
+        self._last_due[(src, dst)] = due
+        self._order += 1
+        heapq.heappush(self._waiting, (due, self._order, delivery))
+
+    def due(self) -> list:
+        """The deliveries whose time has come, in order."""
+        now, found = time.monotonic(), []
+        while self._waiting and self._waiting[0][0] <= now:
+            found.append(heapq.heappop(self._waiting)[2])
+        return found
+
+    def timeout(self) -> float | None:
+        """Seconds until the next delivery is due (``None``: nothing waits)."""
+        return max(0.0, self._waiting[0][0] - time.monotonic()) if self._waiting else None
+
+    def clear(self) -> None:
+        self._waiting.clear()

@@ -1,0 +1,120 @@
+"""What the relay's router may hold for the ranks (distlab.relay.router, distlab.relay.holdings): a rank that floods it
+stops its run with a verdict that names it, and the router's process stays small.
+
+The router lives in the process that launched the ranks: here this test's process, in grading
+the clean room. Each attack is a rank of a relay run that makes the router hold more and more:
+messages to a rank that reads nothing (its link's reader paused, as student code may do),
+a frame that announces gigabytes, a flood of empty messages. The caps are lowered for the
+test (the router reads them when it checks); the process's peak resident size must stay far
+below what the attack sent.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab.relay import frames, holdings
+
+MiB = 1 << 20
+CAP_MB = 16
+
+
+@pytest.fixture
+def small_caps(monkeypatch):
+    monkeypatch.setattr(holdings, "MOST_HELD_PER_RANK", CAP_MB * MiB)
+    monkeypatch.setattr(holdings, "MOST_HELD_TOTAL", 4 * CAP_MB * MiB)
+    monkeypatch.setattr(holdings, "MOST_UNRECEIVED_MESSAGES", 2000)
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _wait_to_be_ended(seconds=40):
+    """Rank 0 of an attack: stop reading the relay and wait (until the run ends it)."""
+    from distlab.relay import link
+
+    link.link().pause_reader()
+    time.sleep(seconds)
+    return "waited"
+
+
+def flood_a_rank_that_reads_nothing(total_mb, chunk_mb):
+    if dist.get_rank() == 0:
+        return _wait_to_be_ended()
+    chunk = torch.zeros(chunk_mb * MiB // 4)
+    for _ in range(total_mb // chunk_mb):
+        dist.send(chunk, 0)
+    return "sent"
+
+
+def announce_a_huge_frame(announced_mb):
+    if dist.get_rank() == 0:
+        return _wait_to_be_ended()
+    header = frames.pack({"k": "send", "dst": 0, "tag": 0, "parts": [["uint8", [announced_mb * MiB]]]},
+                         announced_mb * MiB)
+    os.write(int(os.environ["DISTLAB_RELAY_FD"]), header + b"x" * 4096)
+    time.sleep(2)
+    dist.barrier()      # the router answers nothing until the huge frame is complete
+    return "announced"
+
+
+def flood_empty_messages(count):
+    if dist.get_rank() == 0:
+        return _wait_to_be_ended()
+    empty = torch.zeros(0)
+    for _ in range(count):
+        dist.send(empty, 0)
+    return "sent"
+
+
+def _attack(fn, *args):
+    before = _peak_mb()
+    with pytest.raises(distlab.RankError) as failed:
+        distlab.run(fn, *args, nprocs=2, backend="relay", timeout=120)
+    return str(failed.value), _peak_mb() - before
+
+
+def test_a_rank_flooding_one_that_reads_nothing_is_stopped_and_named(small_caps):
+    message, grew_mb = _attack(flood_a_rank_that_reads_nothing, 512, 4)
+    assert f"rank 1 sent more than {CAP_MB} MiB that rank 0 has not received" in message, message
+    assert grew_mb < 8 * CAP_MB, f"the router's process grew by {grew_mb:.0f} MiB"
+
+
+def test_a_frame_announcing_gigabytes_is_refused_before_any_is_held(small_caps):
+    message, grew_mb = _attack(announce_a_huge_frame, 1536)
+    assert "rank 1 announced a message of 1536 MiB" in message, message
+    assert grew_mb < 8 * CAP_MB, f"the router's process grew by {grew_mb:.0f} MiB"
+
+
+def test_a_flood_of_empty_messages_is_stopped_and_named(small_caps):
+    message, _ = _attack(flood_empty_messages, 50_000)
+    assert "rank 1 sent more than 2000 messages that rank 0 has not received" in message, message
+
+
+def honest_exchange(numel, rounds):
+    """Both ranks send their right neighbour twice the cap, in pieces, each received in turn."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    total = torch.zeros(numel)
+    for step in range(rounds):
+        out, back = torch.full((numel,), float(r + step)), torch.empty(numel)
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, (r + 1) % n),
+                                            dist.P2POp(dist.irecv, back, (r - 1) % n)]):
+            work.wait()
+        total += back
+    dist.all_reduce(total)
+    return total[:3].tolist()
+
+
+def test_honest_traffic_far_over_the_cap_in_total_passes(small_caps):
+    numel, rounds = MiB // 4, 2 * CAP_MB       # 1 MiB a message, twice the cap per rank in all
+    got = distlab.run(honest_exchange, numel, rounds, nprocs=2, backend="relay", timeout=120)
+    expected = float(sum(2 * step + 1 for step in range(rounds)))   # (0 + s) + (1 + s), exact in float32
+    assert got == [[expected] * 3] * 2
