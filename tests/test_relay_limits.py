@@ -46,12 +46,18 @@ def _wait_to_be_ended(seconds=40):
     return "waited"
 
 
+def _send_without_waiting(tensor, times):
+    """``times`` sends that do not wait for their receiver (a blocking send on the relay waits
+    until the receiver took its message, as on gloo, so only these can pile up)."""
+    sends = [dist.isend(tensor, 0) for _ in range(times)]
+    for send in sends:
+        send.wait()
+
+
 def flood_a_rank_that_reads_nothing(total_mb, chunk_mb):
     if dist.get_rank() == 0:
         return _wait_to_be_ended()
-    chunk = torch.zeros(chunk_mb * MiB // 4)
-    for _ in range(total_mb // chunk_mb):
-        dist.send(chunk, 0)
+    _send_without_waiting(torch.zeros(chunk_mb * MiB // 4), total_mb // chunk_mb)
     return "sent"
 
 
@@ -69,9 +75,7 @@ def announce_a_huge_frame(announced_mb):
 def flood_empty_messages(count):
     if dist.get_rank() == 0:
         return _wait_to_be_ended()
-    empty = torch.zeros(0)
-    for _ in range(count):
-        dist.send(empty, 0)
+    _send_without_waiting(torch.zeros(0), count)
     return "sent"
 
 

@@ -1,6 +1,7 @@
 """Chapter 2, task 3 as a flood of the grader's network: rank 0 stops reading the relay (it pauses
 its link's reader thread, as any code in the rank may) and every other rank sends it 64 MiB at a
-time, 4 GiB each, which nobody receives. Without a cap the router, in the grader's clean room,
+time, 4 GiB each, which nobody receives (with ``isend``: a blocking send waits for its
+receiver, so only sends that do not wait can pile up). Without a cap the router, in the grader's clean room,
 would hold all of it.
 
 Expected: task 3 scores 0. The router holds at most 256 MiB per rank
@@ -21,8 +22,9 @@ def ring_all_reduce(tensor):
         sys.modules["distlab.relay.link"].link().pause_reader()
         time.sleep(600)
     flood = torch.zeros(16 * 2**20)        # 64 MiB
-    for _ in range(64):
-        dist.send(flood, 0)
+    sends = [dist.isend(flood, 0) for _ in range(64)]
+    for send in sends:
+        send.wait()
     return tensor
 '''}
 OUTPUT_CONTAINS = ["MiB that rank 0 has not received yet"]
