@@ -60,13 +60,13 @@ test: $(if $(CHAPTER),test-chapter,$(STAMP) system-deps lint $(PROXY))
 # The browser and hub tests, N runs in a row, to see whether they pass every time (a test that
 # passes 4 runs in 5 fails CI one time in 5). Each run is a new pytest process: its hub, Slurm
 # cluster, browser and book are started anew. Logs: artifacts/repeat/run-K.log. The hubs' courses
-# get a tag (accounts dltr-student1..., tests/hub_support.py), so this may run beside a make test.
+# get a tag (accounts dltr-student1..., tests/hub/hub_support.py), so this may run beside a make test.
 # The default is every file that starts a hub or a browser; test_book's first run executes the
 # whole book (minutes), later runs take its pages from the cache and drive the browser again.
-#   make test-repeat FILES="tests/test_hub.py tests/test_exchange.py" N=5
+#   make test-repeat FILES="tests/hub/test_hub.py tests/hub/test_exchange.py" N=5
 N ?= 5
-FILES ?= tests/test_hub.py tests/test_exchange.py tests/test_course_sessions.py tests/test_hub_class.py \
-	tests/test_book.py
+FILES ?= tests/hub/test_hub.py tests/hub/test_exchange.py tests/hub/test_course_sessions.py tests/hub/test_hub_class.py \
+	tests/book/test_book.py
 test-repeat: $(STAMP) system-deps $(PROXY)
 	$(BYTECODE)
 	@mkdir -p artifacts/repeat; failed=0; \
@@ -79,10 +79,10 @@ test-repeat: $(STAMP) system-deps $(PROXY)
 	echo "$(FILES): $$(( $(N) - failed )) of $(N) runs passed"; test $$failed -eq 0
 
 # One chapter's gates, grading included, in minutes: every page of the chapter executed and
-# checked as `make page` does; its own tests (tests/test_chapterNN.py); the release and grading
-# gates of tests/test_grading.py and its independent-task grading (tests/test_independent_grading.py)
-# for it alone (DISTLAB_TEST_CHAPTER); the package's checks (tests/test_package.py,
-# tests/test_package_copy.py); and the registry against the disk (tests/test_chapters.py).
+# checked as `make page` does; its own tests (tests/chapters/test_chapterNN.py); the release and grading
+# gates of tests/grade/test_grading.py and its independent-task grading (tests/grade/test_independent_grading.py)
+# for it alone (DISTLAB_TEST_CHAPTER); the package's checks (tests/book/test_package.py,
+# tests/book/test_package_copy.py); and the registry against the disk (tests/chapters/test_chapters.py).
 #   make test-chapter CHAPTER=03-ddp
 CHAPTER ?=
 test-chapter: $(STAMP)
@@ -90,14 +90,14 @@ test-chapter: $(STAMP)
 		echo "usage: make test-chapter CHAPTER=<one of: $$(ls solutions | tr '\n' ' ')>"; exit 2; }
 	$(BYTECODE)
 	$(PY) -m distlab.grade page --chapter $(CHAPTER)
-	DISTLAB_TEST_CHAPTER=$(CHAPTER) $(PY) -m pytest -n 2 --dist loadfile tests/test_grading.py \
-		$(if $(shell grep -l '"$(CHAPTER)"' tests/test_independent_grading.py),tests/test_independent_grading.py) \
-		tests/test_chapters.py tests/test_package.py tests/test_package_copy.py \
-		$(wildcard tests/test_chapter$(shell echo $(CHAPTER) | cut -c1-2).py)
+	DISTLAB_TEST_CHAPTER=$(CHAPTER) $(PY) -m pytest -n 2 --dist loadfile tests/grade/test_grading.py \
+		$(if $(shell grep -l '"$(CHAPTER)"' tests/grade/test_independent_grading.py),tests/grade/test_independent_grading.py) \
+		tests/chapters/test_chapters.py tests/book/test_package.py tests/book/test_package_copy.py \
+		$(wildcard tests/chapters/test_chapter$(shell echo $(CHAPTER) | cut -c1-2).py)
 
 # One page, executed with the book's settings and its execution cache (a page run here is not run
 # again by `make book`), then checked: glossary links, dotted distlab names, no graded solution or
-# reference shown, outputs without errors or warnings (src/distlab/grade/page_check.py).
+# reference shown, outputs without errors or warnings (src/distlab/grade/author/page_check.py).
 #   make page PAGE=book/03-ddp/buckets.md
 PAGE ?=
 page: $(STAMP)

@@ -25,7 +25,7 @@ students per minute for each and the two-node speed-up (target: at least 1.7x), 
 guide's wall-time model ``T(N, K) = c + ceil(N / K) * t_job`` (one job per node at a time): ``c``
 and ``t_job`` come from the one-node run, the model predicts the two-node run.
 
-``--room``: what each graded rank's private room (:mod:`distlab.grade.rank_room`) costs. One
+``--room``: what each graded rank's private room (:mod:`distlab.grade.boundary.rank_room`) costs. One
 correct submission of chapters 0, 2 and 3 is graded with the rooms and without them
 (``DISTLAB_RANK_ROOM=off``), alternately, N rounds each, and the ratio of the median times is
 printed per chapter (target: at most 1.20).

@@ -1,7 +1,7 @@
 """A whole class at a deadline, on the course hub: can it take them all at once?
 
     python benchmarks/hub_class.py                  # 30 students (as root, like `make hub`)
-    python benchmarks/hub_class.py --students 7     # tests/test_hub_class.py runs 3
+    python benchmarks/hub_class.py --students 7     # tests/hub/test_hub_class.py runs 3
 
 What happens, as it would in a lab session that ends with a hand-in:
 
@@ -30,7 +30,7 @@ What happens, as it would in a lab session that ends with a hand-in:
    Slurm job: they must be an ``srun`` step of the student's own server job. The *first-cell
    time* is that cell's, from sending it to its result.
 6. **The deadline**: everyone submits within the same minute, through nbgrader's CLI as their
-   own Unix user (the command tests/test_exchange.py's ``as_student`` runs), each hand-in in a
+   own Unix user (the command tests/hub/test_exchange.py's ``as_student`` runs), each hand-in in a
    process group of its own: half a correct notebook, half the blank release, each with a
    Markdown cell naming its author, so a submission filed under the wrong name is seen, not
    guessed. Once every hand-in's processes have ended, the deadline passes (``grade due ...
@@ -83,12 +83,12 @@ from hub_class_parts.instructor import collected, grades, instructor, instructor
 from hub_class_parts.lab import log_in, log_off, work_in_the_lab
 from hub_class_parts.meter import Meter, wait_until_gone
 from hub_class_parts.report import failures, percentiles, report
-from hub_class_parts.student import FULL_MARKS, SLUG, Student  # noqa: F401 - tests/test_hub_class.py reads FULL_MARKS here
+from hub_class_parts.student import FULL_MARKS, SLUG, Student  # noqa: F401 - tests/hub/test_hub_class.py reads FULL_MARKS here
 from test_exchange import released_notebook
 
 COURSE = "dlk"
 
-# What each grading job asks for: one core, 2 GiB, 15 minutes, as tests/test_grade_cluster.py
+# What each grading job asks for: one core, 2 GiB, 15 minutes, as tests/grade/test_grade_cluster.py
 # asks (the private nodes' cores are this machine's); how many run at once is --grading-jobs.
 GRADING_JOB = ("--cpus", "1", "--mem", "2048", "--time", "15")
 

@@ -2,7 +2,7 @@
 
     python benchmarks/watchdog.py
 
-The watchdog of :func:`distlab.grade.limits.apply` counts the descendants of every capped rank
+The watchdog of :func:`distlab.grade.boundary.limits.apply` counts the descendants of every capped rank
 and kernel 50 times a second. This prints the CPU time of one count made by walking the
 process's own part of the tree (``/proc/<pid>/task/<tid>/children``, what the watchdog does)
 and by psutil's ``children(recursive=True)`` (which reads every process on the machine), side
@@ -17,7 +17,7 @@ import time
 
 import psutil
 
-from distlab.grade import limits
+from distlab.grade.boundary import limits
 
 COUNTS = 500
 PER_SECOND = 1 / limits.WATCH_INTERVAL_S

@@ -20,7 +20,7 @@ How grading differs from plain nbgrader (see ``src/distlab/grade/``):
   What the student's kernel does (monkey-patching torch, distlab.grade.checks, distlab.run, the
   traceback display, ...) therefore cannot change a verdict.
 * both the kernel and the clean room (with its ranks) run inside bubblewrap's namespaces
-  (distlab.grade.bubblewrap): no solutions, gradebook, other students, home or network there.
+  (distlab.grade.boundary.bubblewrap): no solutions, gradebook, other students, home or network there.
 """
 
 import os
@@ -37,8 +37,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_REPO, "src"))  # this checkout's distlab, even if not installed
 
 from distlab.grade import config as _grading  # noqa: E402
-from distlab.grade import feedback as _feedback  # noqa: E402
-from distlab.grade import nbplugins as _plugins  # noqa: E402
+from distlab.grade.pipeline import feedback as _feedback  # noqa: E402
+from distlab.grade.pipeline import nbplugins as _plugins  # noqa: E402
 
 c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
 
@@ -75,7 +75,7 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.GenerateAssignment.create_assignment = True
 
 # Autograde: student cells run in the .venv kernel under caps, with a per-cell timeout;
-# test cells run in the clean room (distlab.grade.cleanroom), which decides the scores.
+# test cells run in the clean room (distlab.grade.boundary.cleanroom), which decides the scores.
 c.Execute.timeout = _grading.CELL_TIMEOUT_S
 c.Execute.interrupt_on_timeout = True
 c.OverwriteCells.add_missing_cells = True  # a deleted test cell comes back (and is run)
@@ -100,7 +100,7 @@ c.Autograde.autograde_preprocessors = [
 
 # Feedback: never show hidden tests, nor what a hidden test printed or raised in detail.
 # Each test is named after its task and what it checks, formulas render with MathJax from the
-# student's own server, not a CDN (distlab.grade.feedback, hub/jupyter/course_feedback.py).
+# student's own server, not a CDN (distlab.grade.pipeline.feedback, hub/jupyter/course_feedback.py).
 c.HTMLExporter.template_name = _feedback.TEMPLATE_NAME
 c.HTMLExporter.extra_template_basedirs = [str(_feedback.TEMPLATES)]
 c.GenerateFeedback.preprocessors = [

@@ -18,7 +18,7 @@ What comes up, in order (each piece is what a centre runs, shrunk onto one machi
 The pieces it brings up with live beside it, one job each: :mod:`demo_sizing` (how big the
 cluster must be for the class), :mod:`demo_access` (what the students' servers may read, and
 what they may not), :mod:`demo_mirror` (the git mirror), :mod:`demo_processes` (waiting for
-and ending the processes started). tests/test_hub.py brings up the same pieces through
+and ending the processes started). tests/hub/test_hub.py brings up the same pieces through
 :func:`course_hub`.
 """
 
@@ -53,7 +53,7 @@ from demo_access import (  # noqa: E402
 )
 from demo_mirror import git_mirror  # noqa: E402
 from demo_processes import HubError, _end, _hub_ready, _wait_for, end_culler, end_proxy  # noqa: E402
-from demo_sizing import cpus_per_node_for, cpus_per_node_needed  # noqa: E402,F401 - tests/test_hub.py asks demo
+from demo_sizing import cpus_per_node_for, cpus_per_node_needed  # noqa: E402,F401 - tests/hub/test_hub.py asks demo
 from free_port import free_port  # noqa: E402
 
 COURSE = "dlc"

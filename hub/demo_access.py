@@ -4,7 +4,7 @@ Part of the demo course (hub/demo.py). The servers run as the students, from the
 environment and the repository's ``src/``: every folder above those must let other users
 through, and the interpreter must be one they may run. The instructor-only files of the
 repository (``INSTRUCTOR_ONLY``, ``.git``, their compiled copies) are closed to them
-(tests/test_hub_private_files.py).
+(tests/hub/test_hub_private_files.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distlab.grade.edition import INSTRUCTOR_ONLY
+from distlab.grade.author.edition import INSTRUCTOR_ONLY
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

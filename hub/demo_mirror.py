@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distlab.grade import edition
+from distlab.grade.author import edition
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -21,7 +21,7 @@ from demo_processes import _answers, _end, _wait_for  # noqa: E402
 
 
 def student_edition(served: Path) -> None:
-    """The student edition (:mod:`distlab.grade.edition`, what the course publishes), as a bare
+    """The student edition (:mod:`distlab.grade.author.edition`, what the course publishes), as a bare
     repository for ``git daemon``: one commit with no parent, none of INSTRUCTOR_ONLY in it."""
     edition.write(served, REPO, bare=True)
 

@@ -2,7 +2,7 @@
 
 Part of the demo course (hub/demo.py, ``make hub STUDENTS=N``): the class's servers are Slurm jobs
 of the spawn form's default profile (hub/course_spawner.py), dealt out to the cluster's nodes
-whole. tests/test_hub.py checks the count for classes of every size up to 60.
+whole. tests/hub/test_hub.py checks the count for classes of every size up to 60.
 """
 
 from __future__ import annotations

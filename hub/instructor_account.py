@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distlab.grade import cgroups
+from distlab.grade.boundary import cgroups
 from distlab.grade.config import COURSE_ID
 
 RUNUSER = "/usr/sbin/runuser"

@@ -1,6 +1,6 @@
 """The course hub: JupyterHub starts each student's Jupyter server as a Slurm job.
 
-This is the file `make hub` and tests/test_hub.py run, and the one the appendix "JupyterHub on
+This is the file `make hub` and tests/hub/test_hub.py run, and the one the appendix "JupyterHub on
 HPC" shows. A centre copies it and changes the lines marked CENTRE. The demo fills the values
 it does not know in advance (ports, paths, the private cluster) from DISTLAB_HUB_* variables;
 see hub/README.md.

@@ -3,20 +3,20 @@
 # Each feature adds its packages to PACKAGES with a comment saying which tests use them.
 set -euo pipefail
 PACKAGES=(
-  # tests/test_slurm.py: a real two-node Slurm cluster on localhost (scripts/slurm_cluster.py)
+  # tests/runtime/test_slurm.py: a real two-node Slurm cluster on localhost (scripts/slurm_cluster.py)
   # runs Debian's slurmctld + two slurmd (slurm-wlm) authenticated by munge.
   slurm-wlm
   munge
-  # tests/test_book.py: the built book is read in headless Chromium, driven by Playwright
-  # through executable_path (tests/book_browser.py); Playwright never downloads a browser here.
+  # tests/book/test_book.py: the built book is read in headless Chromium, driven by Playwright
+  # through executable_path (tests/book/book_browser.py); Playwright never downloads a browser here.
   chromium
-  # tests/test_hub.py and `make hub`: git daemon serves the course repository to the servers.
+  # tests/hub/test_hub.py and `make hub`: git daemon serves the course repository to the servers.
   git
-  # tests/test_gradebook_server.py: a private PostgreSQL server for the gradebook
+  # tests/grade/test_gradebook_server.py: a private PostgreSQL server for the gradebook
   # (scripts/postgres_server.py runs Debian's initdb and postgres as `nobody` in a test folder).
   postgresql
-  # tests/test_sandbox.py and every autograde: student code runs inside bubblewrap's
-  # namespaces (src/distlab/grade/bubblewrap.py).
+  # tests/grade/test_sandbox.py and every autograde: student code runs inside bubblewrap's
+  # namespaces (src/distlab/grade/boundary/bubblewrap.py).
   bubblewrap
 )
 # The course hub's proxy (configurable-http-proxy) comes from npm: Node.js and npm, Debian's

@@ -12,7 +12,7 @@ rendered page at the book's published address, the ``html.baseurl`` of ``_config
 
 It rewrites, in the markdown cells, every link to a page of the book, whether written as a
 relative ``.md`` path or as an address of another published copy (``.../book/<page>.html``),
-and leaves every other link alone. ``tests/test_book.py`` checks the result.
+and leaves every other link alone. ``tests/book/test_book.py`` checks the result.
 """
 
 from __future__ import annotations

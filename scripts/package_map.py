@@ -12,7 +12,7 @@ Printed: one line a package (modules, lines, the packages it imports); the impor
 modules (a bug: an import that works only in one order) and between packages (a layer that
 leans on one above it); and the modules over :data:`MAX_LINES` lines, saying which of them
 explain in their docstring why they are one piece. Exit status 1 when a module cycle or an
-unexplained long module is found. tests/test_package.py asserts the same, with these functions.
+unexplained long module is found. tests/book/test_package.py asserts the same, with these functions.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A real, private, two-node Slurm cluster on this one machine: for the tests of
-distlab.runtime.launchers.slurm and tests/test_hub.py, and for the demo course (`make hub`).
+distlab.runtime.launchers.slurm and tests/hub/test_hub.py, and for the demo course (`make hub`).
 
     python scripts/slurm_cluster.py DIR     # start it; Ctrl-C (or SIGTERM) tears it down
 

@@ -102,9 +102,9 @@ RANKS_AS_A_TOOL = {
 """Files whose subject is what runs on the ranks (the chapters' reference code, the checks, the
 exercises' test helpers), not how ranks start. Their ranks start with the fork launcher
 (``DISTLAB_LAUNCHER=fork``: one torch import per launch instead of one per rank plus torchrun's),
-which tests/test_forked_launcher.py holds to torchrun's behaviour side by side. Measured, the
+which tests/runtime/test_forked_launcher.py holds to torchrun's behaviour side by side. Measured, the
 thirteen files above that are not a chapter's, in one pytest process: 688 s of CPU with
-torchrun, 426 s forked (0.62); tests/test_checks.py alone 136 s and 73 s. Every other file keeps the
+torchrun, 426 s forked (0.62); tests/grade/test_checks.py alone 136 s and 73 s. Every other file keeps the
 default a student gets (torchrun): the runtime's, the notebook's, the book's, Slurm's. Grading
 is untouched either way: the clean room always forks, and the sandbox does not pass the
 variable to a student's kernel."""

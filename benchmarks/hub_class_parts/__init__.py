@@ -9,7 +9,7 @@
 - :mod:`.meter`: what the machine does meanwhile (memory, the hub's CPU), and what the course left behind;
 - :mod:`.report`: the invariants the run broke, and the figures printed.
 
-Importing the package puts the repository's ``tests``, ``hub`` and ``scripts`` folders on
+Importing the package puts the tests' folders of support modules, ``hub`` and ``scripts`` on
 ``sys.path``: the parts use the course hub (hub/demo.py), the grading helpers of the tests and
 the PostgreSQL gradebook (scripts/postgres_server.py), as the benchmark always has.
 """
@@ -20,5 +20,5 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
-for folder in ("tests", "hub", "scripts"):
+for folder in ("tests/book", "tests/grade", "tests/hub", "tests/runtime", "hub", "scripts"):
     sys.path.insert(0, str(REPO / folder))

@@ -70,7 +70,7 @@ def stage(notebook: bytes) -> Path:
 
 def student_command(hub: dict, user: str, script: str) -> list[str]:
     """A shell ``script`` run by ``user`` with the environment their server's job has: what
-    tests/test_exchange.py's ``as_student`` runs, here run by :func:`as_student_in_own_group`."""
+    tests/hub/test_exchange.py's ``as_student`` runs, here run by :func:`as_student_in_own_group`."""
     job_env = {"HOME": f"/home/{user}", "USER": user, "LOGNAME": user,
                "PATH": f"{Path(hub['server_python']).parent}:/usr/bin:/bin",
                "JUPYTER_CONFIG_PATH": f"{REPO / 'hub' / 'jupyter'}:{Path(sys.prefix) / 'etc' / 'jupyter'}",
@@ -124,7 +124,7 @@ def as_student_in_own_group(hub: dict, user: str, script: str, timeout: float) -
 
 def submit(hub: dict, student: Student, notebook: Path, timeout: float) -> None:
     """At the deadline: fetch (unless the launch link did) and submit with nbgrader's CLI, as the
-    student's own Unix user (tests/test_exchange.py's ``submit_cli``, which this follows), in a
+    student's own Unix user (tests/hub/test_exchange.py's ``submit_cli``, which this follows), in a
     process group that has ended when this returns. A hand-in that failed or ran out of time is
     recorded as not made."""
     start = time.monotonic()

@@ -24,7 +24,7 @@ Two pieces:
 ``DISTLAB_BOOK_FORKED_KERNELS=0`` turns this off (for comparing build times).
 
 Either way, each page's kernel talks over Unix sockets in a folder of its own, mode 0700
-(:class:`PrivateSocketsProvisioner`, with :mod:`distlab.grade.kernel_sockets`), not over TCP
+(:class:`PrivateSocketsProvisioner`, with :mod:`distlab.grade.boundary.kernel_sockets`), not over TCP
 ports of ``127.0.0.1`` that any account on the machine could listen to.
 """
 
@@ -73,7 +73,7 @@ def _run_kernel(request: dict, inherited: list[socket.socket]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        from distlab.grade.kernel_sockets import subprocess_output_through_private_socket
+        from distlab.grade.boundary.kernel_sockets import subprocess_output_through_private_socket
 
         subprocess_output_through_private_socket(request["argv"])
         # ipykernel read JPY_PARENT_PID when the template imported it: say who the parent is now
@@ -181,14 +181,14 @@ TEMPLATE: Template | None = None
 try:
     from jupyter_client.provisioning import LocalProvisioner
 
-    from distlab.grade import kernel_sockets
+    from distlab.grade.boundary import kernel_sockets
 except ImportError:  # the template process itself needs none of this
     LocalProvisioner = object
 
 
 class PrivateSocketsProvisioner(LocalProvisioner):
     """``local-provisioner``, the kernel on Unix sockets in a folder only this account can
-    enter (:func:`distlab.grade.kernel_sockets.use_private_sockets`), kept across a restart."""
+    enter (:func:`distlab.grade.boundary.kernel_sockets.use_private_sockets`), kept across a restart."""
 
     sockets_folder: str | None = None
 

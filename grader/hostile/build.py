@@ -13,7 +13,7 @@ purpose. It is a small Python file with
 * optionally ``MARKER``: a string that any process it starts carries in its command line,
   so the test can check that none survives grading;
 * optionally ``SLUG``: the assignment it is a submission of (default: chapter 0's; ``rooms/``
-  holds submissions of other chapters, tests/test_hostile_rooms.py).
+  holds submissions of other chapters, tests/grade/test_hostile_rooms.py).
 
 :func:`build` starts from the released notebook, fills every answer cell with the
 solution's code (so the submission is correct), then applies the file's changes.
@@ -36,7 +36,7 @@ POINTS = {"task1-tests": 1, "task2-tests": 2, "concept-a-tests": 1, "concept-b-t
 
 def specs(folder: str = HERE) -> dict:
     """``{name: module}`` for every hostile submission file in ``folder`` (default: this one;
-    ``caps/`` holds those that need the grader run with small caps, tests/test_submission_caps.py)."""
+    ``caps/`` holds those that need the grader run with small caps, tests/grade/test_submission_caps.py)."""
     found = {}
     for filename in sorted(os.listdir(folder)):
         if filename.endswith(".py") and filename not in ("build.py", "__init__.py") and not filename.startswith("_"):

@@ -7,7 +7,7 @@ show its command line, by their names).
 Expected: the verdict travels on a pipe of the grader that the ranks do not hold, the clean
 room's folder cannot even be found (the clean room is not dumpable: its /proc entries are
 closed to the ranks), and the kill reaches nothing: each graded rank has process ids of its
-own (distlab.grade.rank_keeper), where the clean room has no number. (Before that, the kill
+own (distlab.grade.boundary.rank_keeper), where the clean room has no number. (Before that, the kill
 ended the clean room, and a clean room that did not exit cleanly gave no verdict: still so.)
 Every task scores 0; the students graded around it keep theirs.
 """
@@ -25,7 +25,7 @@ def _forge():
             command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"distlab.grade.cleanroom" not in command:
+        if b"distlab.grade.boundary.cleanroom" not in command:
             continue
         try:    # a rank and its agent are forked from the clean room and keep its command line
             if open(f"/proc/{pid}/comm").read().startswith("distlab-"):

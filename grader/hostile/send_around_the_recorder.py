@@ -3,7 +3,7 @@ bytes of an all-reduce on 4 ranks) through the unwrapped all_gather that distlab
 keeps for its own use, so the ranks' record shows no call and no byte; the values are right.
 
 Expected: task 2 scores 0. The grader counts the bytes on the clean room's private loopback
-outside the ranks (distlab.grade.wire): the hidden 1 MiB case puts about 12 MB there, where
+outside the ranks (distlab.grade.boundary.wire): the hidden 1 MiB case puts about 12 MB there, where
 an all-reduce needs 6.3 MB, and the record says 0.
 """
 AFFECTED = ["task2-tests"]

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 MATHJAX = REPO / "book" / "_extra" / "vendor" / "mathjax-3.2.2"
 FEEDBACK_URL = "/course/feedback/"   # the template finds MathJax relative to this (keep them together)
 FEEDBACK_FOLDER = re.compile(r"^(?:[^/]+/)*[^/]+/feedback/[^/]+$")
-TEMPLATE = REPO / "src" / "distlab" / "grade" / "templates" / "distlab_feedback" / "index.html.j2"
+TEMPLATE = REPO / "src" / "distlab" / "grade" / "pipeline" / "templates" / "distlab_feedback" / "index.html.j2"
 
 
 def template_script_hash() -> str:

@@ -5,7 +5,7 @@ runtime folder, which only the student can enter (``KernelManager.transport = "i
 account on the node can listen to the student's cells and their output, as it could over TCP.
 ipykernel binds one more socket of its own, to a TCP port of ``127.0.0.1`` whatever the
 transport: the one through which the processes a kernel forks send their output.
-``python -m distlab.grade.kernel_sockets`` is ipykernel's launcher with that socket moved
+``python -m distlab.grade.boundary.kernel_sockets`` is ipykernel's launcher with that socket moved
 beside the others (see that module). This kernel spec class swaps it in for
 ``ipykernel_launcher`` in a kernel's command line; the kernel's name, display name and
 language stay as they are, so notebooks match their kernel as before (course_contents).
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from jupyter_client.kernelspec import KernelSpec
 
-LAUNCHER = "distlab.grade.kernel_sockets"
+LAUNCHER = "distlab.grade.boundary.kernel_sockets"
 
 
 class CourseKernelSpec(KernelSpec):

@@ -7,7 +7,7 @@ kernel by itself, but only if it holds the server's kernel specs at that moment
 them once while the page loads (``GET /api/kernelspecs``); when that one request fails (a busy
 node, a proxy that drops it) its spec manager keeps none until its next poll a minute later,
 and the notebook opens with a "Select Kernel" dialog whose preselected answer is "No Kernel".
-Seen on the course hub under load; tests/test_course_sessions.py reproduces it (a slow answer
+Seen on the course hub under load; tests/hub/test_course_sessions.py reproduces it (a slow answer
 does not: JupyterLab 4.6 waits for it).
 
 What it does. A request for ``/lab/tree/<path>.ipynb`` first makes sure a session exists for

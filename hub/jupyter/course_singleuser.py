@@ -29,7 +29,7 @@ user with the job's environment, ``python -X importtime`` and cProfile), 2.5 s o
 
 What a student uses is all still there: JupyterLab with the course's extensions, the
 Assignments tab, the launch link (course_launch), the time-limit warning, the feedback page,
-nbgitpuller, the terminal (tests/test_hub.py, tests/test_course_sessions.py).
+nbgitpuller, the terminal (tests/hub/test_hub.py, tests/hub/test_course_sessions.py).
 """
 
 from __future__ import annotations

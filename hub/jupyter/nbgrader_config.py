@@ -27,6 +27,6 @@ c.Exchange.root = os.environ.get("DISTLAB_HUB_EXCHANGE", "/srv/nbgrader/exchange
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
 c.ExchangeFactory.submit = "course_exchange.SubmitWhatIsCopied"
 # A notebook nbgrader runs (the Assignments tab's Validate button) gets a kernel on Unix sockets in
-# a private folder, as every kernel of the course (distlab.grade.kernel_sockets), not on TCP
+# a private folder, as every kernel of the course (distlab.grade.boundary.kernel_sockets), not on TCP
 # ports any account on the node could listen to.
-c.Execute.kernel_manager_class = "distlab.grade.kernel_sockets.PrivateSocketsKernelManager"
+c.Execute.kernel_manager_class = "distlab.grade.boundary.kernel_sockets.PrivateSocketsKernelManager"

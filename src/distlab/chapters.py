@@ -7,7 +7,7 @@ import every chapter's package before a call (:data:`distlab.runtime.isolation.P
 book's tests look for the graded references in the rendered pages, and the three places that
 name every chapter in prose (the chapter map of :mod:`distlab`, the README's table and the
 reading path of ``book/intro.md``) are written from this list by
-``python -m distlab.grade chapter-rows --write``; ``tests/test_chapters.py`` fails, saying that
+``python -m distlab.grade chapter-rows --write``; ``tests/chapters/test_chapters.py`` fails, saying that
 command, when one of them differs from what the list gives. Adding a chapter is one entry here
 and its line in ``_toc.yml`` (``python -m distlab.grade new-chapter`` writes both, the
 chapter's own files, and the three places again).

@@ -3,7 +3,7 @@ Jupyter), and a task 3 that calls torch's own all_reduce: with the forbidden lis
 the submission, the clean room's ranks forbade nothing at the notebook level.
 
 Expected: nothing changes: the grader reads the list from the instructor's source notebook
-(distlab.grade.source_rules); task 3 scores 0 (all_reduce is not allowed in this exercise).
+(distlab.grade.pipeline.source_rules); task 3 scores 0 (all_reduce is not allowed in this exercise).
 """
 SLUG = "02-collectives"
 AFFECTED = ["task3-tests"]

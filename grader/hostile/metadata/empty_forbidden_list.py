@@ -3,7 +3,7 @@ a task 3 that calls torch's own all_reduce: with the list read from the submissi
 room's ranks forbade nothing at the notebook level.
 
 Expected: nothing changes: the grader reads the list from the instructor's source notebook
-(distlab.grade.source_rules); task 3 scores 0 (all_reduce is not allowed in this exercise).
+(distlab.grade.pipeline.source_rules); task 3 scores 0 (all_reduce is not allowed in this exercise).
 """
 from delete_forbidden_list import ANSWERS  # noqa: F401 - the same answers
 

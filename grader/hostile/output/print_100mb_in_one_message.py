@@ -3,7 +3,7 @@ flush): jupyter_client read it whole into the nbgrader process, outside the subm
 control group, before the cell's output cap cut it.
 
 Expected: the grader refuses the message unread (its sockets take at most
-distlab.grade.kernel_messages.MAX_MESSAGE_BYTES per message) and says so in the cell; the
+distlab.grade.boundary.kernel_messages.MAX_MESSAGE_BYTES per message) and says so in the cell; the
 nbgrader process stays small; every task counts normally.
 """
 OUTPUT_CONTAINS = ["more than the grader reads in one message"]

@@ -3,7 +3,7 @@ kernel's own IOPub socket: each part is under the grader's per-part cap (ZeroMQ'
 ZMQ_MAXMSGSIZE), and ZeroMQ keeps every part of a message in the reader's process until the
 last one is in, so the nbgrader process held it whole.
 
-Expected: the proxy between the kernel and the grader (distlab.grade.kernel_proxy) counts the
+Expected: the proxy between the kernel and the grader (distlab.grade.boundary.kernel_proxy) counts the
 parts together and drops the message as it arrives; the cell says so in the feedback; the
 nbgrader process stays small; every task counts normally.
 """

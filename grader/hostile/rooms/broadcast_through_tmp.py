@@ -1,7 +1,7 @@
 """Chapter 3, task 1: broadcast_parameters without a broadcast: rank 0's parameters reach the
 others through files in /tmp (its ddp_step is the solution's).
 
-Expected: task 1 scores 0: each rank's /tmp is its own (distlab.grade.rank_room).
+Expected: task 1 scores 0: each rank's /tmp is its own (distlab.grade.boundary.rank_room).
 """
 import build
 from _cheats import through

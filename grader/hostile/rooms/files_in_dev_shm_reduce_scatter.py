@@ -1,7 +1,7 @@
 """Chapter 2, task 1 without a ring: the ranks pass their tensors through files in /dev/shm
 (POSIX shared memory is a file there) and each keeps its chunk of the sum.
 
-Expected: task 1 scores 0: each rank's /dev/shm is its own (distlab.grade.rank_room).
+Expected: task 1 scores 0: each rank's /dev/shm is its own (distlab.grade.boundary.rank_room).
 """
 from _cheats import REDUCE_SCATTER, through
 

@@ -1,7 +1,7 @@
 """Chapter 2, task 3 without a ring: the ranks pass their tensors through files in $HOME, and send
 zeros around a ring for the byte counts.
 
-Expected: task 3 scores 0: each rank's home is its own (distlab.grade.rank_room).
+Expected: task 3 scores 0: each rank's home is its own (distlab.grade.boundary.rank_room).
 """
 from _cheats import ALL_REDUCE, through
 

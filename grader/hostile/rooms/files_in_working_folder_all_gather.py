@@ -2,7 +2,7 @@
 run in (written through libc: the grader's guard refuses that folder to Python's own calls).
 
 Expected: task 2 scores 0: each rank's working folder is a copy of its own
-(distlab.grade.rank_room).
+(distlab.grade.boundary.rank_room).
 """
 from _cheats import ALL_GATHER, through
 

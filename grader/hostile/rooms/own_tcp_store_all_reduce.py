@@ -2,7 +2,7 @@
 rank puts its tensor there and reads the others'.
 
 Expected: task 3 scores 0: each rank has a network of its own, without even a loopback
-(distlab.grade.rank_room); the store has nobody to talk to.
+(distlab.grade.boundary.rank_room); the store has nobody to talk to.
 """
 from _cheats import ALL_REDUCE, EXCHANGE_BY_OWN_STORE
 

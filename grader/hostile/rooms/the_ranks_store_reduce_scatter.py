@@ -4,7 +4,7 @@ rendezvous store, a key-value server every rank is connected to) as a mailbox.
 Expected: task 1 scores 0. Chapter 2's ranks are graded on the relay (distlab.relay), whose
 process-group store is each rank's own dictionary: a key another rank set never shows, and a
 ``get`` gives up after two seconds ("Wait timeout"). On a gloo rank the room shuts the
-connection to the shared store before any student code runs (distlab.grade.rank_room), and
+connection to the shared store before any student code runs (distlab.grade.boundary.rank_room), and
 the same cheat meets a broken pipe.
 """
 from _cheats import EXCHANGE_BY_THE_RANKS_STORE, REDUCE_SCATTER

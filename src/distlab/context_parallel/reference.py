@@ -16,7 +16,7 @@ package is switched off while they run):
    layout, forward only.
 
 The hidden tests compare a student's functions with plain single-process attention
-(:func:`~distlab.context_parallel.blockwise.attention`), and ``tests/test_chapter08.py``
+(:func:`~distlab.context_parallel.blockwise.attention`), and ``tests/chapters/test_chapter08.py``
 checks these two against the same, so the exercise's reference and the book's agree.
 """
 

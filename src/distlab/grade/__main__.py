@@ -25,7 +25,7 @@ and to write the course:
     chapter-rows [--write]              the chapter map, README table and reading path, from the registry
     page PATH ... | --chapter SLUG      execute one page as the book does and check it (make page)
 
-and to publish (the site, the launch links, a public repository; distlab.grade.edition):
+and to publish (the site, the launch links, a public repository; distlab.grade.author.edition):
 
     student-edition DEST [--commit REF] a new repository: this one without solutions, grader, tests
 
@@ -47,9 +47,13 @@ import shutil
 import sys
 import time
 
-from distlab.grade import authoring_commands, bubblewrap, cluster, config, grades_csv, nbgrader_app, student_output
-from distlab.grade.release import release
-from distlab.grade.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
+from distlab.grade import config
+from distlab.grade.author import authoring_commands
+from distlab.grade.boundary import bubblewrap, student_output
+from distlab.grade.course import cluster, grades_csv
+from distlab.grade.pipeline import nbgrader_app
+from distlab.grade.pipeline.release import release
+from distlab.grade.pipeline.run_nbgrader import EXTRA, OUTPUT, nbgrader, say
 
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
 """The last line of a Python traceback, e.g. ``psycopg.OperationalError: connection failed``."""
@@ -58,8 +62,8 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
 NOT_GRADED = re.compile(r"\[AutogradeApp \| ERROR\] There was an error processing assignment '[^']+' "
                         r"for student '([^']+)'")
 """nbgrader's own line for a submission it could not grade, as the whole of a line: a student's
-printing reaches the log only behind :data:`distlab.grade.student_output.MARK`, and nbgrader's
-multi-line records are indented after their first line (:mod:`distlab.grade.nbgrader_app`)."""
+printing reaches the log only behind :data:`distlab.grade.boundary.student_output.MARK`, and nbgrader's
+multi-line records are indented after their first line (:mod:`distlab.grade.pipeline.nbgrader_app`)."""
 
 
 def ungraded(lines: list[str]) -> dict[str, str]:
@@ -82,7 +86,7 @@ def ungraded(lines: list[str]) -> dict[str, str]:
 def collect(slug: str, source: str) -> int:
     """Copy the class's files into nbgrader's zip-collect layout, then run ``zip_collect``.
     Links in ``source`` are refused, never followed (students may have made its folders)."""
-    from distlab.grade import exchange
+    from distlab.grade.course import exchange
 
     archive = os.path.join(config.work_dir(), "downloaded", slug, "archive")
     if os.path.isdir(archive):
@@ -104,7 +108,7 @@ def collect(slug: str, source: str) -> int:
 def publish(slug: str, due: str | None) -> int:
     """Generate the student version into the work folder (which also enters it in the gradebook)
     and release it to the exchange, with a due date if given."""
-    from distlab.grade import exchange
+    from distlab.grade.course import exchange
 
     if problem := exchange.course_folder_problem():
         say(f"publish {slug}: not published: {problem}")
@@ -123,10 +127,10 @@ def set_due_date(slug: str, due: str) -> int:
 
 def collect_from_exchange(slug: str) -> int:
     """``nbgrader collect``, from a private copy of the exchange's inbound folder that holds only
-    what :mod:`distlab.grade.exchange` checked: each submission made by the student it names,
+    what :mod:`distlab.grade.course.exchange` checked: each submission made by the student it names,
     plain files only, its time from the file system. Whatever one student left in the exchange,
     the others are collected; the command fails only when nothing could be."""
-    from distlab.grade import exchange
+    from distlab.grade.course import exchange
 
     staged = os.path.join(config.private_work_dir(), "staged-exchange")
     shutil.rmtree(staged, ignore_errors=True)
@@ -291,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     EXTRA[:] = extra  # e.g. --CleanRoomTests.rank_memory_mb=4096 --Execute.timeout=30
 
     if args.command == "student-edition":  # needs no gradebook
-        from distlab.grade import edition
+        from distlab.grade.author import edition
         return edition.command(args.dest, args.commit, config.repo_root(), say)
     if args.command in authoring_commands.NAMES:  # write the course; need no gradebook
         return authoring_commands.run(args, config.repo_root(), say)

@@ -42,8 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from distlab.grade.boundary.forbid import ForbiddenError, forbid  # noqa: F401 - part of this module's API
 from distlab.grade.failures import CheckFailed, Failures  # noqa: F401 - part of this module's API
-from distlab.grade.forbid import ForbiddenError, forbid  # noqa: F401 - part of this module's API
 from distlab.grade.references import using_references  # noqa: F401 - part of this module's API
 from distlab.grade.relay_checks import (  # noqa: F401 - part of this module's API
     assert_relay_bytes,
@@ -81,7 +81,7 @@ def generator(offset: int = 0):
 class RankLogs(list):
     """Per rank, the distributed calls it recorded (``{"op", "sent", "received", "group_size"}``
     each), and in ``.wire`` what the operating system counted on the wire for the whole run
-    (:class:`distlab.grade.wire.Measured`; its ``sent`` is None where that is not metered)."""
+    (:class:`distlab.grade.boundary.wire.Measured`; its ``sent`` is None where that is not metered)."""
 
     def __init__(self, logs=(), wire=None):
         super().__init__(logs)
@@ -91,7 +91,7 @@ class RankLogs(list):
 class RankResults(list):
     """Per-rank results, and in ``.record`` what the grader's network saw the run send (a
     :class:`distlab.relay.record.Record`; None for a run that was not on the relay), in ``.wire``
-    what the operating system counted on the loopback (:class:`distlab.grade.wire.Measured`)."""
+    what the operating system counted on the loopback (:class:`distlab.grade.boundary.wire.Measured`)."""
 
     def __init__(self, results=(), record=None, wire=None):
         super().__init__(results)
@@ -132,12 +132,12 @@ def run_ranks(fn, nprocs: int, per_rank_args=None, args=(), kwargs=None, timeout
 
     ``per_rank_args[r]`` (a tuple) are rank ``r``'s arguments; otherwise every rank gets
     ``args``. ``forbidden`` names APIs that raise "not allowed in this exercise" while ``fn``
-    runs (see :func:`distlab.grade.forbid.forbid`). ``network="relay"``: the ranks talk only
+    runs (see :func:`distlab.grade.boundary.forbid.forbid`). ``network="relay"``: the ranks talk only
     through the grader's relay (:mod:`distlab.relay`), in the student's kernel as in the
     grader, and ``results.record`` holds what it saw them send (:func:`assert_ring`,
     :func:`assert_relay_bytes`, :func:`assert_relay_calls` check it).
     """
-    from distlab.grade import wire
+    from distlab.grade.boundary import wire
     from distlab.relay import record
     from distlab.runtime import run, serialize
 
@@ -273,7 +273,7 @@ def assert_comm(per_rank_logs: list, calls: dict | None = None, max_calls: int |
             :func:`all_reduce_bytes`), times ``1 + margin``. Bytes are counted by rule, not
             measured, so ``margin=0`` is right unless the theory is approximate. When grading,
             the logs of :func:`run_ranks` also carry the bytes the operating system saw on
-            the wire, which must fit the same limit (:mod:`distlab.grade.wire`): a rank that
+            the wire, which must fit the same limit (:mod:`distlab.grade.boundary.wire`): a rank that
             sends around the recorder, or edits what it recorded, fails here.
     """
     for rank, log in enumerate(per_rank_logs):

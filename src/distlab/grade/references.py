@@ -22,7 +22,7 @@ def using_references(yours, references: dict | None):
     Task 1's points only. With no references, your own versions are used (a student's notebook
     runs its visible tests with the student's own earlier tasks).
 
-    In the grader your code arrives as a :class:`~distlab.grade.sandbox.StudentFunction`, which
+    In the grader your code arrives as a :class:`~distlab.grade.boundary.sandbox.StudentFunction`, which
     defines it in a namespace of its own with the references set over your names; an object
     defined in your notebook has its module globals patched for the duration and restored.
     """

@@ -36,7 +36,7 @@ from distlab.relay import record as relay_record
 QUIET_BYTES_PER_RANK = 2 * 1024
 """What the loopback may carry per rank during a run on the relay, which uses none of it: room
 for stray packets, and for idle gloo pools of the same notebook (besides
-:data:`distlab.grade.wire.PER_SECOND_BYTES` per rank per second). A gloo process group of the
+:data:`distlab.grade.boundary.wire.PER_SECOND_BYTES` per rank per second). A gloo process group of the
 ranks' own costs more than this in hand-shakes alone (a store: 9 to 10 KB per rank)."""
 
 
@@ -62,12 +62,12 @@ def assert_quiet_loopback(results, n: int) -> None:
     """While the ranks ran on the relay, the sandbox's loopback stayed (almost) silent.
 
     The relay uses descriptors, not the network: bytes on the loopback (counted by the
-    operating system, :mod:`distlab.grade.wire`, where the grader meters it) are a channel the
+    operating system, :mod:`distlab.grade.boundary.wire`, where the grader meters it) are a channel the
     grader does not own, such as a gloo process group on a store of the ranks' own. Where the
     loopback is not metered (a student's kernel), there is nothing to check. Once each graded
     rank has a network of its own (none), no such channel is left at all.
     """
-    from distlab.grade import wire
+    from distlab.grade.boundary import wire
 
     measured = getattr(results, "wire", None)
     if measured is None or measured.sent is None:

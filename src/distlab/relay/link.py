@@ -104,7 +104,7 @@ class _Link:
         """End the reader thread between two frames; :meth:`resume_reader` starts a new one.
 
         A thread keeps the namespaces it was started in, so a rank that moves into its private
-        room (:mod:`distlab.grade.rank_room`) stops its reader first and starts it again from
+        room (:mod:`distlab.grade.boundary.rank_room`) stops its reader first and starts it again from
         inside: code a student makes the reader run (by replacing a function it calls) then
         runs in the room too. Nothing is in flight at that moment (the room is entered between
         joining and the first call), and a frame the router sends meanwhile waits in the socket.

@@ -24,7 +24,7 @@ delivered at once and in the order each sender sent them, as gloo does (or, with
 late and out of order between different pairs of ranks: :mod:`distlab.relay.schedule`).
 
 The router runs in the process that owns the record, the grader's undumpable clean room
-(:func:`distlab.grade.limits.make_undumpable`): a rank, running as the same user, can neither
+(:func:`distlab.grade.boundary.limits.make_undumpable`): a rank, running as the same user, can neither
 read nor write its memory, nor take its descriptors through ``/proc``.
 
 What the router holds for the ranks is capped, because that memory is the grader's

@@ -19,7 +19,7 @@ What persists, by design: the process group (that is the point of a pool), impor
 CUDA/NCCL state, new attributes a call *added* to a module (importing ``torch.distributed.tensor``
 adds one, and removing it would break later imports), subgroups created with ``new_group``,
 files written to disk, and any module not watched. The grader runs one student's tests on one
-pool per notebook (:mod:`distlab.grade.cleanroom`): whatever else persists there was done by
+pool per notebook (:mod:`distlab.grade.boundary.cleanroom`): whatever else persists there was done by
 that student's own code, on ranks the grader never trusts for a verdict.
 """
 
@@ -37,7 +37,7 @@ WATCHED_MODULES = (
 
 
 PRELOADED = ("distlab.models", "distlab.tools", *chapters.packages(),
-             "distlab.grade.checks", "distlab.grade.exercise", "distlab.grade.safeload", "distlab.grade.sandbox")
+             "distlab.grade.checks", "distlab.grade.exercise", "distlab.grade.boundary.safeload", "distlab.grade.boundary.sandbox")
 """distlab modules and packages (every module in them) a pool's ranks import before their
 first call: the shared ones, every chapter's reference package (:mod:`distlab.chapters`) and
 what the exercises' tests run on ranks. A module first imported *during* a call has no earlier

@@ -69,7 +69,7 @@ def rank_setup(module: str, function: str, when: str = "call", **kwargs):
     ``when="start"`` runs it first thing in the rank (before torch is imported: resource
     limits); ``when="joined"`` once, after the process group and the call recorder exist and
     before the first call (it also gets ``run_dir`` and ``rank``: the grader's private room for
-    each rank, :mod:`distlab.grade.rank_room`); ``when="call"`` runs it just before the user's
+    each rank, :mod:`distlab.grade.boundary.rank_room`); ``when="call"`` runs it just before the user's
     function (e.g. disabling APIs an exercise forbids). The grader uses this; the arguments
     must be JSON-serialisable.
     """

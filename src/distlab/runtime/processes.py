@@ -26,7 +26,7 @@ also carries a *tag*, the environment variable :data:`TAG_VARIABLE` set to the r
 folder, which its children inherit; at the end :meth:`ProcessTree.end` also ends this user's
 processes that carry the run's tag (:func:`tagged`). Only a process that both leaves the tree
 and clears its environment gets past that, and the grader's caps count those
-(:mod:`distlab.grade.limits`).
+(:mod:`distlab.grade.boundary.limits`).
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def children(pid: int | None = None) -> set[int]:
 
 def init_of_own_pids() -> bool:
     """Whether this process is the first of a process-id namespace of its own (a graded rank in
-    its room, :mod:`distlab.grade.rank_room`). Its ``os.getpid()`` is then 1 while ``/proc`` may
+    its room, :mod:`distlab.grade.boundary.rank_room`). Its ``os.getpid()`` is then 1 while ``/proc`` may
     number it otherwise; it reaches nothing outside the namespace, and ``kill(-1, ...)`` reaches
     exactly what it started."""
     return os.getpid() == 1 and os.getppid() == 0

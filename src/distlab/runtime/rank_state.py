@@ -53,7 +53,7 @@ class RankState:
     def stop_thread(self) -> None:
         """End the writing thread and wait for it; until :meth:`start_thread`, only :meth:`now`
         writes. (A rank entering its private room restarts it from inside, see
-        :mod:`distlab.grade.rank_room`: a thread keeps the namespaces it started in.)"""
+        :mod:`distlab.grade.boundary.rank_room`: a thread keeps the namespaces it started in.)"""
         self._stopped.set()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join()

@@ -23,7 +23,7 @@ while pids, states and output stay at the top. A ``stop`` file tells idle ranks 
 Files that others read are written to a temporary name and renamed into place, so a
 reader sees either nothing or the whole file, never half of it.
 
-A rank in the grader's private room (:mod:`distlab.grade.rank_room`) sees none of this folder
+A rank in the grader's private room (:mod:`distlab.grade.boundary.rank_room`) sees none of this folder
 but a folder of its own, ``rank-<k>``, shown at the run folder's path: what it writes (its
 state, its results and errors) lands there, and the names above are links into it. Each
 call's ``payload.pkl`` and ``options.json`` are copied into every such folder

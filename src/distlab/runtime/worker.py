@@ -11,7 +11,7 @@ In order:
 4. Install the call recorder (:mod:`distlab.tools.comm`) and keep ``state-<rank>.json`` up to
    date (:mod:`distlab.runtime.rank_state`), so that on a timeout the notebook can say which
    call we are stuck in. Then run the ``joined`` setup steps (the grader's private room,
-   :mod:`distlab.grade.rank_room`, entered here: after the process group, before any call).
+   :mod:`distlab.grade.boundary.rank_room`, entered here: after the process group, before any call).
 5. Load the function, seed the random generators, run it, and write the result, or the
    exception with its traceback. In pool mode (``--pool``, see :mod:`distlab.runtime.pool`), do this
    for each call that appears in ``call-<k>/`` until told to stop, and undo between calls
@@ -251,7 +251,7 @@ def main() -> None:
         from distlab.runtime import isolation
 
         isolation.preload()
-    try:   # last, before any call: e.g. the grader's private room (distlab.grade.rank_room)
+    try:   # last, before any call: e.g. the grader's private room (distlab.grade.boundary.rank_room)
         _run_setup(options, "joined", run_dir=str(run_dir), rank=rank)
     except BaseException as exc:  # noqa: BLE001 - reported as far as the half-made step lets us
         try:

@@ -27,7 +27,7 @@ wait on a pipe for its port), and the agent runs no tensor operation before fork
 lock or thread pool is copied half-taken. And the agent is a fresh ``python -m`` process
 started exactly like torchrun: a rank inherits no memory that a torchrun rank would not have,
 which matters where ranks run untrusted code (the grader's clean room,
-:mod:`distlab.grade.cleanroom`). The clean room goes one step further: its agents are spares
+:mod:`distlab.grade.boundary.cleanroom`). The clean room goes one step further: its agents are spares
 it forked from itself before it read anything secret (:mod:`~distlab.runtime.launchers.spares`),
 so not even the agent imports torch again.
 
