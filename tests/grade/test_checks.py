@@ -432,6 +432,17 @@ def test_rank_ids_check():
         checks.assert_rank_ids([0, 0])
 
 
+def test_the_grading_seed_is_fixed_in_a_notebook_and_the_clean_rooms_draw_when_graded():
+    """checks.grading_seed() reads the seed the boundary keeps (distlab.grade.boundary.seed): the
+    fixed one in a fresh process (a student's notebook), the one the clean room drew after it drew."""
+    code = ("from distlab.grade import checks; from distlab.grade.boundary import seed\n"
+            "before = checks.grading_seed(); drawn = seed.draw_fresh()\n"
+            "print(before, drawn, checks.grading_seed())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    before, drawn, after = map(int, done.stdout.split())
+    assert before == 20240601 and after == drawn and 0 <= drawn < 2**31
+
+
 def test_hidden_failure_messages_and_redaction():
     from distlab.grade.boundary.cleanroom import GENERIC_HIDDEN_MESSAGE, TestNamespace, _run_test_cell, redact
 

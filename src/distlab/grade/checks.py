@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from distlab.grade.boundary import seed
 from distlab.grade.boundary.forbid import ForbiddenError, forbid  # noqa: F401 - part of this module's API
 from distlab.grade.failures import CheckFailed, Failures  # noqa: F401 - part of this module's API
 from distlab.grade.references import using_references  # noqa: F401 - part of this module's API
@@ -59,14 +60,12 @@ VALUE_ATOL_SCALE = 1e-6
 GRAD_RTOL = 1e-5
 GRAD_ATOL_SCALE = 1e-5
 
-_GRADING_SEED = 20240601
-"""The seed hidden tests draw their inputs from. The grader sets a fresh one for every
-submission, outside the student's reach, so values read from a test file on disk are of no
-use; in a student's notebook it stays fixed, so runs are reproducible."""
-
 
 def grading_seed() -> int:
-    return _GRADING_SEED
+    """The seed hidden tests draw their inputs from: fixed in a student's notebook, so runs are
+    reproducible; fresh for every submission when graded, chosen by the clean room outside the
+    student's reach (:mod:`distlab.grade.boundary.seed`), so values read from a test file are of no use."""
+    return seed.current()
 
 
 def generator(offset: int = 0):

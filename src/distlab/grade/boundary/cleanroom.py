@@ -29,7 +29,7 @@ in this process's memory, and this process is not dumpable.
 
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
 or ``distlab.grade.checks`` there, or silencing tracebacks, changes nothing here. Hidden tests
-draw their inputs from a seed chosen here (:func:`distlab.grade.checks.grading_seed`).
+draw their inputs from a seed chosen here (:mod:`distlab.grade.boundary.seed`).
 
 When everything is done, every process left below this one is killed (this process is a
 child subreaper, so escaped grandchildren are below it too), and only then is the verdict
@@ -54,7 +54,6 @@ import io
 import json
 import os
 import re
-import secrets
 import signal
 import sys
 import time
@@ -155,7 +154,7 @@ def redact(text: str, hidden_source: list[str]) -> str:
 
 def _describe_failure(exc: BaseException, grade_id: str, source: str) -> str:
     """One safe line: the exception, or a generic message when a hidden assert failed."""
-    from distlab.grade.checks import CheckFailed
+    from distlab.grade.failures import CheckFailed
 
     filename = f"<test {grade_id}>"
     line_in_test = None
@@ -229,12 +228,11 @@ starts as a new process."""
 def grade(job: dict) -> dict:
     """Run every test cell of the job's notebook; return ``{grade_id: {"passed", "outputs"}}``."""
     import distlab
-    from distlab.grade import checks
-    from distlab.grade.boundary import rank_room, safeload, sandbox
+    from distlab.grade.boundary import rank_room, safeload, sandbox, seed
     from distlab.runtime import options, serialize
     from distlab.runtime import run as run_module
 
-    checks._GRADING_SEED = secrets.randbelow(2**31)
+    seed.draw_fresh()
     serialize.loads = safeload.loads  # results of student code: data only (see safeload)
     real_run = run_module.run
     caps = job["caps"]
