@@ -60,6 +60,28 @@ def test_the_package_map_draws_every_package_with_no_cycle_and_no_unexplained_lo
     assert "distlab.tools" in packages["distlab.collectives"] and "distlab.grade" not in packages["distlab.runtime"]
 
 
+GRADE_ROOMS = ("distlab.grade.boundary", "distlab.grade.pipeline", "distlab.grade.course", "distlab.grade.author")
+"""The rooms of distlab.grade (its docstring names each); checks, the CLI and the settings sit at its top."""
+
+
+def test_the_graders_rooms_have_no_cycle_and_the_boundary_leans_on_no_other_room():
+    """`python scripts/package_map.py --depth 3`: grade/ drawn as rooms, none importing another that
+    imports it back; the trust boundary uses only the settings and the failure a check raises, so
+    no change in the pipeline, the class, the authoring commands or checks can weaken it unseen."""
+    rooms = package_map.package_graph(package_map.import_graph(modules()), depth=3)
+    grade = {room: {t for t in targets if t.startswith("distlab.grade")} for room, targets in rooms.items()
+             if room.startswith("distlab.grade")}
+    assert set(GRADE_ROOMS) <= set(grade), sorted(grade)
+    found = package_map.cycles(grade)
+    assert not found, "cycles between grade's rooms: " + "; ".join(" -> ".join(c) for c in found)
+    assert grade["distlab.grade.boundary"] == {"distlab.grade.config", "distlab.grade.failures"}, \
+        grade["distlab.grade.boundary"]
+    assert "distlab.grade.boundary" in grade["distlab.grade.checks"], "the checker saw no imports"
+    for room in GRADE_ROOMS:
+        assert f":mod:`{room}`" in importlib.import_module("distlab.grade").__doc__, room
+        assert len(importlib.import_module(room).__doc__) > 200, f"{room}'s docstring says too little"
+
+
 def test_the_instruments_sit_below_everything_and_import_no_chapter():
     known = modules()
     for name, path in known.items():
