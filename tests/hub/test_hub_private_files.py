@@ -25,13 +25,13 @@ def _others_may_read(path: Path) -> bool:
 
 def test_the_compiled_copies_of_instructor_only_modules_are_hidden_with_their_sources(tmp_path, monkeypatch):
     grade = tmp_path / "src" / "distlab" / "grade"
-    grade.mkdir(parents=True)
-    for name in ("new_chapter_text", "checks"):   # instructor-only, and the students' own
-        source = grade / f"{name}.py"
-        source.write_text(f"SAMPLE = {'### BEGIN HIDDEN TESTS' if name == 'new_chapter_text' else 'ok'!r}\n")
+    hidden_module = grade / "author" / "new_chapter_text.py"
+    for source in (hidden_module, grade / "checks.py"):   # instructor-only, and the students' own
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(f"SAMPLE = {'### BEGIN HIDDEN TESTS' if source == hidden_module else 'ok'!r}\n")
         source.chmod(0o644)
         py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))
-    compiled = Path(importlib.util.cache_from_source(str(grade / "new_chapter_text.py")))
+    compiled = Path(importlib.util.cache_from_source(str(hidden_module)))
     compiled.chmod(0o644)
     assert _others_may_read(compiled)
     monkeypatch.setattr(demo_access, "REPO", tmp_path)   # hub/demo_access.py: what make hub hides
@@ -39,9 +39,9 @@ def test_the_compiled_copies_of_instructor_only_modules_are_hidden_with_their_so
     hidden = demo_access.make_instructor_folders_private()
 
     assert compiled in hidden and not _others_may_read(compiled)
-    assert not _others_may_read(grade / "new_chapter_text.py")
+    assert not _others_may_read(hidden_module)
     assert _others_may_read(Path(importlib.util.cache_from_source(str(grade / "checks.py"))))
     assert _others_may_read(grade / "checks.py")
     compiled.unlink()   # Python compiles it again later: with its hidden source's mode
-    py_compile.compile(str(grade / "new_chapter_text.py"), cfile=str(compiled))
+    py_compile.compile(str(hidden_module), cfile=str(compiled))
     assert not _others_may_read(compiled)
