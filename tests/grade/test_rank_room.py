@@ -305,7 +305,7 @@ pool.stop()
 with options.setup_steps(pool.start_setup):   # a cold run of its own, as the clean room starts some
     found["cold run"] = distlab.run(in_folder, "/tmp", nprocs=2, launcher="fork", timeout=60)[1]
 if room:   # the process cap, counted and enforced from inside the room
-    with Pool(2, launcher="fork", start_setup=rank_room.around(caps, "02-collectives")) as pool:
+    with Pool(2, launcher="fork", start_setup=rank_room.around(caps)) as pool:
         try:
             pool.run(start_twenty_children, timeout=60)
             found["past the process cap"] = "not stopped"

@@ -19,13 +19,15 @@ SEEDS = range(5)
 
 
 def exchange(read_before_wait: bool):
-    """Rank 0 sends 7s to rank 1, then both meet in a barrier, then rank 1 receives: a racy solution
-    reads the buffer before ``wait()``. Without delays the message always came first (the router
-    forwards rank 0's frames in order: the message before the barrier's answer), so the racy
-    solution always finds it there."""
+    """Rank 0 sends 7s to rank 1 (an ``isend``: a blocking send would wait for a receive that
+    comes only after the barrier), then both meet in a barrier, then rank 1 receives: a racy
+    solution reads the buffer before ``wait()``. Without delays the message always came first
+    (the router forwards rank 0's frames in order: the message before the barrier's answer), so
+    the racy solution always finds it there."""
     if dist.get_rank() == 0:
-        dist.send(torch.full((4,), 7.0), 1)
+        send = dist.isend(torch.full((4,), 7.0), 1)
         dist.barrier()
+        send.wait()
         return None
     dist.barrier()
     buffer = torch.zeros(4)
