@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import pytest
 
@@ -474,3 +476,24 @@ def test_code_shown_read_only_under_tmp_stays_importable_and_read_only_in_the_ro
         assert os.listdir(code) == ["room_probe_module.py"]
     finally:
         shutil.rmtree(code)
+
+
+@pytest.mark.parametrize("end", ["SIGKILL", "SIGTERM", "exit 5"])
+def test_a_keeper_ends_as_its_rank_ended(end):
+    """The launcher reads the keeper's end as the rank's. A rank the out-of-memory killer ended
+    (SIGKILL) once left its keeper raising EINVAL from ``signal.signal(SIGKILL, ...)`` and going
+    on as a second copy of the rank, so the run waited for its timeout instead of naming the
+    dead rank (test_submission_caps' ``memory_in_many_ranks``)."""
+    keeper = os.fork()
+    if keeper == 0:
+        try:
+            rank_keeper.split_off()       # returns in the child, which is the rank from now on
+            if end == "exit 5":
+                os._exit(5)
+            os.kill(os.getpid(), getattr(signal, end))
+            time.sleep(5)
+        finally:
+            os._exit(3)                   # neither the rank nor the keeper should get here
+    _, status = os.waitpid(keeper, 0)
+    expected = 5 if end == "exit 5" else -getattr(signal, end)
+    assert os.waitstatus_to_exitcode(status) == expected

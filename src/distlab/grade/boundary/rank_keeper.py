@@ -91,8 +91,11 @@ def _keep(rank_pid: int, keep_fd: int) -> None:
     code = os.waitstatus_to_exitcode(status)
     if code >= 0:
         os._exit(code)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    signal.signal(-code, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
-    os.kill(os.getpid(), -code)
-    os._exit(128 - code)
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):   # these two take no handler (EINVAL)
+            signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+    finally:
+        os._exit(128 - code)   # never return: the caller's code is the rank's, not the keeper's
