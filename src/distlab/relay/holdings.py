@@ -25,8 +25,6 @@ count near zero however much is sent in all.
 
 from __future__ import annotations
 
-from collections import deque
-
 MiB = 1 << 20
 MOST_HELD_PER_RANK = 256 * MiB
 """Bytes held for one rank at most: sent and not received yet, plus its share of waiting collectives
@@ -52,7 +50,7 @@ class Holdings:
     def __init__(self, nprocs: int):
         n = range(nprocs)
         self.unreceived, self.unreceived_count = dict.fromkeys(n, 0), dict.fromkeys(n, 0)
-        self.in_flight: dict[tuple, deque] = {}      # (src, dst, tag) -> sizes not yet received, in order
+        self.in_flight: dict[tuple, list] = {}       # (src, dst) -> [bytes, messages] not yet received
         self.waiting, self.queued, self.reading = dict.fromkeys(n, 0), dict.fromkeys(n, 0), dict.fromkeys(n, 0)
 
     def refusal(self, rank: int, header: dict, size: int) -> str | None:
@@ -83,23 +81,26 @@ class Holdings:
     def late_receiver(self, src: int) -> int:
         """The rank holding up the most of ``src``'s messages."""
         late: dict[int, int] = {}
-        for (s, d, _), sizes in self.in_flight.items():
+        for (s, d), (size, count) in self.in_flight.items():
             if s == src:
-                late[d] = late.get(d, 0) + sum(sizes) + len(sizes)
+                late[d] = size + count
         return max(late, key=late.get) if late else src
 
-    def sent(self, src: int, dst: int, tag: int, size: int) -> None:
-        self.in_flight.setdefault((src, dst, tag), deque()).append(size)
-        self.unreceived[src] += size
-        self.unreceived_count[src] += 1
+    def sent(self, src: int, dst: int, size: int) -> None:
+        """Rank ``src`` sent ``size`` bytes to ``dst``: held for ``src`` until :meth:`took`."""
+        self._count(src, dst, size, 1)
 
-    def took(self, dst: int, src, tag) -> None:
-        """Rank ``dst`` received the oldest message from ``src`` with ``tag`` (what its link says;
-        a rank that says it of messages it never took only takes them into its own memory)."""
-        sizes = self.in_flight.get((src, dst, tag))
-        if sizes:
-            self.unreceived[src] -= sizes.popleft()
-            self.unreceived_count[src] -= 1
+    def took(self, src: int, dst: int, size: int) -> None:
+        """Rank ``dst`` received a message of ``size`` bytes from ``src``. The router knows each
+        message by its number, and calls this once per message, for its receiver only."""
+        self._count(src, dst, -size, -1)
+
+    def _count(self, src: int, dst: int, size: int, messages: int) -> None:
+        self.unreceived[src] += size
+        self.unreceived_count[src] += messages
+        pair = self.in_flight.setdefault((src, dst), [0, 0])
+        pair[0] += size
+        pair[1] += messages
 
     def queue_verdict(self, rank: int) -> str | None:
         """Why the router must stop queueing for rank ``rank`` (it does not read), or ``None``."""

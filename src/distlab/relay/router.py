@@ -71,7 +71,7 @@ class Router:
         self._inbound = {rank: _Inbound() for rank in range(nprocs)}
         self._outbound = {rank: deque() for rank in range(nprocs)}
         self._pending: dict[tuple, dict] = {}
-        self._untaken: dict[int, tuple] = {}    # a message's number -> (sender, receiver, the sender's number, tag)
+        self._untaken: dict[int, tuple] = {}    # a message's number -> (sender, receiver, the sender's number, bytes)
         self._order = 0
         self.schedule = schedule.from_environment()                 # None: every message at once
         self._held = holdings.Holdings(nprocs)                       # what is held for whom, and the caps
@@ -269,8 +269,8 @@ class Router:
                 return
             ref = self._next()
             record.publish(record.Message(rank, dst, len(payload), tag, ref))
-            self._untaken[ref] = (rank, dst, header.get("id"), tag)
-            self._held.sent(rank, dst, tag, len(payload))
+            self._untaken[ref] = (rank, dst, header.get("id"), len(payload))
+            self._held.sent(rank, dst, len(payload))
             message = {"k": "msg", "src": rank, "tag": tag, "parts": frames.flat_parts(parts), "ref": ref}
             if self.schedule is not None:      # seeded delays (distlab.relay.schedule)
                 self.schedule.hold(rank, dst, (dst, message, payload))
@@ -280,7 +280,7 @@ class Router:
             sender = self._untaken.get(header.get("ref"))
             if sender is not None and sender[1] == rank:       # only the receiver says it took a message
                 del self._untaken[header.get("ref")]
-                self._held.took(rank, sender[0], sender[3])     # no longer held for the sender
+                self._held.took(sender[0], rank, sender[3])     # no longer held for the sender
                 self._queue(sender[0], {"k": "taken", "id": sender[2]}, b"")   # its send completes
         elif kind == "coll":
             self._collective(rank, header, payload)
