@@ -206,7 +206,12 @@ class Network:
                 "switch_ports": {n: f"n{k + 1}" for k, n in enumerate(self.nodes)}}
 
     def stop(self) -> None:
-        """End the holders: the kernel then removes the namespaces, interfaces and addresses."""
+        """Remove the machine's end of the link, then end the holders: the kernel removes the
+        namespaces and what is in them. The link goes first and by hand because a namespace is
+        torn down later, by a kernel worker: ending its holder alone leaves the machine's end
+        visible for a moment after ``stop`` returned (a killed supervisor has to wait for that)."""
+        if Path("/sys/class/net", self.host_interface).exists():
+            subprocess.run(["ip", "link", "delete", self.host_interface], capture_output=True, timeout=IP_TIMEOUT)
         for holder in self.holders.values():
             if holder.poll() is None:
                 holder.kill()
