@@ -43,10 +43,6 @@ def files(where: Path, commit: str) -> dict[str, str]:
     return {e.split("\t", 1)[1]: e.split()[2] for e in entries if e}
 
 
-def instructor_only(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in edition.INSTRUCTOR_ONLY)
-
-
 def reachable_notebooks(where: Path) -> list[tuple[str, dict]]:
     """Every notebook a clone of ``where`` can get, in any commit: (path, parsed notebook)."""
     found = []
@@ -87,7 +83,7 @@ def test_the_edition_is_one_parentless_commit_that_stores_nothing_else(student):
 
 def test_the_edition_is_the_instructor_tree_without_the_instructor_only_paths(student, source):
     theirs, ours = files(REPO, source), files(student, "HEAD")
-    dropped = {p for p in theirs if instructor_only(p)}
+    dropped = {p for p in theirs if edition.instructor_only(p)}
     assert {p.split("/")[0] for p in dropped} >= {"solutions", "grader", "tests"}
     assert ours == {p: oid for p, oid in theirs.items() if p not in dropped}
     # The working tree is checked out: the book builds from it as it is.
@@ -110,7 +106,7 @@ def test_no_solution_cell_hidden_test_or_grader_file_anywhere_in_the_editions_hi
             if cell["metadata"].get("nbgrader", {}).get("solution") and cell["cell_type"] == "code":
                 assert "raise NotImplementedError" in text, (path, cell["metadata"]["nbgrader"]["grade_id"])
     paths = set(files(student, "HEAD"))
-    assert not [p for p in paths if instructor_only(p) or "gradebook" in p]
+    assert not [p for p in paths if edition.instructor_only(p) or "gradebook" in p]
 
 
 def test_the_check_finds_them_in_the_instructor_repository(source):
@@ -187,6 +183,28 @@ def test_writing_into_an_earlier_edition_adds_a_child_that_students_copies_pull(
     with pytest.raises(edition.EditionError, match="not a student edition"):
         edition.write(instructor, instructor)
     assert git(instructor, "rev-parse", "HEAD") == head
+
+
+def test_a_module_added_to_grade_author_later_stays_out_and_the_named_ones_stay_in(tmp_path):
+    """grade/author/ is left out as a folder: an author's tool added there later, which nobody
+    thought to name (here one holding a task's answer), is not published; the files the edition
+    keeps by name (its own check, which the published workflow runs) are."""
+    instructor = tmp_path / "instructor"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(instructor)], check=True, timeout=120)
+    added = "src/distlab/grade/author/marking_notes.py"
+    (instructor / added).write_text('"""Notes for the markers."""\n\nTASK_1_ANSWER = "dist.all_reduce(t)"\n')
+    git(instructor, "add", added)
+    git(instructor, *IDENTITY, "commit", "--quiet", "-m", "an author's tool nobody named")
+    assert edition.instructor_only(added)
+    public = tmp_path / "public"
+    edition.write(public, instructor)
+    published = set(files(public, "HEAD"))
+    assert added not in published and not (public / added).exists()
+    assert set(edition.STUDENT_EDITION_KEEPS) <= published
+    assert not [p for p in published if p.startswith("src/distlab/grade/author/")
+                and p not in edition.STUDENT_EDITION_KEEPS]
+    assert "src/distlab/grade/author/marking_notes.py: instructor-only file" in "\n".join(
+        edition.findings(instructor))
 
 
 def test_the_command_writes_it_and_says_how_to_publish(tmp_path):

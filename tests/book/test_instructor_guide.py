@@ -44,6 +44,21 @@ def test_the_guide_shows_each_command_with_what_it_needs():
     assert "collect 00-first-steps --from" in text and "release 00-first-steps --to" in text
 
 
+def test_the_guide_counts_the_hostile_submissions_there_are():
+    """The folders' table says how many hostile submissions the tests grade: as many as
+    grader/hostile/ holds at its top (tests/grade/test_hostile.py's class) and in its folders."""
+    from grading_support import HOSTILE, hostile_specs
+
+    row = next(line for line in GUIDE.read_text().splitlines() if line.startswith("| `grader/hostile/` |"))
+    counted = re.search(r"(\d+) graded as one class by `tests/grade/test_hostile.py`, and (\d+) more in its folders",
+                        row)
+    assert counted, row
+    folders = sorted(p.name for p in HOSTILE.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    assert folders == ["caps", "metadata", "output", "rooms"], "name the new folder in the guide's row"
+    found = (len(hostile_specs()), sum(len(hostile_specs(folder)) for folder in folders))
+    assert tuple(map(int, counted.groups())) == found, f"grader/hostile/ holds {found[0]} and {found[1]}: {row}"
+
+
 PATH_ROOTS = ("src", "tests", "hub", "scripts", "benchmarks", "book", "solutions", "notebooks", "grader", "templates")
 REPOSITORY_PATH = re.compile(rf"(?<![\w./-])(?:{'|'.join(PATH_ROOTS)})/[^\s`'\",;:()\[\]]*")
 """A path in the repository, as the pages spell one: from a top-level folder, to the first space,

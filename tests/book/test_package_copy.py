@@ -3,7 +3,7 @@
 tests/book/test_book.py keeps the rendered pages from printing a graded answer. The other place a
 student can read code is the package itself: ``inspect.getsource`` or ``??`` on anything
 ``import distlab`` reaches. The student edition (``python -m distlab.grade student-edition``)
-ships ``src/distlab`` less the paths of ``edition.INSTRUCTOR_ONLY``, so the files measured here
+ships ``src/distlab`` less what ``edition.instructor_only`` names, so the files measured here
 are the tracked ones of ``src/distlab`` that the same rule keeps: a module added later, or an
 instructor-only one moved back into the edition, is measured without touching this file.
 
@@ -49,15 +49,11 @@ WHOLE_PACKAGE = 0.6   # independent solutions reach 0.57 from shared idioms (see
 SHORT = 4 * near_copy.MIN_RUN
 
 
-def in_student_edition(path: str) -> bool:
-    return not any(path == p or path.startswith(p + "/") for p in edition.INSTRUCTOR_ONLY)
-
-
 def student_package_files() -> list[str]:
     """The package's Python files as the student edition has them (tracked, not instructor-only)."""
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--", "src/distlab"], capture_output=True,
                             text=True, check=True, timeout=60).stdout.split("\0")
-    return sorted(p for p in listed if p.endswith(".py") and in_student_edition(p))
+    return sorted(p for p in listed if p.endswith(".py") and not edition.instructor_only(p))
 
 
 @functools.lru_cache(maxsize=1)

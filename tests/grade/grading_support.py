@@ -242,35 +242,76 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
+HOSTILE = REPO / "grader" / "hostile"
+
+
+def hostile_builder():
+    """grader/hostile/build.py, imported as its submissions import it (``import build``): it turns
+    each hostile spec into a student's notebook (``build``), and knows the points (``POINTS``)."""
+    if str(HOSTILE) not in sys.path:
+        sys.path.insert(0, str(HOSTILE))
+    import build
+
+    return build
+
+
+def hostile_specs(folder: str = "") -> dict:
+    """``{name: spec}`` of the hostile submissions in grader/hostile/``folder`` (its top by default;
+    ``rooms``, ``caps``, ``output``, ``metadata``), that folder made importable first: its
+    submissions share parts by plain imports (rooms/_cheats.py, metadata/delete_forbidden_list.py)."""
+    where = str(HOSTILE / folder) if folder else str(HOSTILE)
+    builder = hostile_builder()
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    return builder.specs(where)
+
+
+def honest_spec(slug: str = SLUG):
+    """A spec that changes nothing: the solution's answers, an honest classmate's submission."""
+    return type("Correct", (), {"SLUG": slug})()
+
+
+def hand_in(course: Course, specs: dict, slug: str = SLUG, release: Path | None = None) -> dict:
+    """Release ``slug`` (unless ``release``, its released notebook, is given), hand in one notebook per
+    ``{student: spec}`` (built by grader/hostile/build.py from the release) and collect them, as the
+    instructor does; ``{student: size in bytes}``."""
+    builder, release = hostile_builder(), str(release or course.release(slug))
+    incoming = fresh_dir(course.work.parent / f"incoming-{slug}")
+    sizes = {}
+    for student, spec in specs.items():
+        body = builder.build(spec, release)
+        course.submit(incoming, student, body, slug)
+        sizes[student] = len(body)
+    assert course.grade("collect", slug, "--from", str(incoming)).returncode == 0, course.log
+    return sizes
+
+
 HOSTILE_CONTROLS = ("aa-control", "zz-control")
 """The honest classmates of a hostile class, graded first and last (nbgrader goes in name order)."""
 
 
-def hostile_student(name: str) -> str:
-    """The account that hands in the hostile submission grader/hostile/<name>.py."""
-    return "h-" + name.replace("_", "-")
+def hostile_student(name: str, prefix: str = "h") -> str:
+    """The account that hands in the hostile submission grader/hostile/<name>.py (``prefix``: a
+    test's own letter for the submissions of a folder below it)."""
+    return f"{prefix}-" + name.replace("_", "-")
 
 
-def grade_hostile_class(root: Path, hostile, specs: dict, *autograde_args: str, timeout: float) -> dict:
-    """Hand in each of ``specs`` (built by grader/hostile/build.py, imported as ``hostile``) beside
-    the two honest HOSTILE_CONTROLS; collect, autograde (``autograde_args``, waiting ``timeout``
-    seconds) and make feedback, as the instructor does. Returns the course, its scores, the two
+def grade_hostile_class(root: Path, specs: dict, *autograde_args: str, timeout: float) -> dict:
+    """Hand in each of ``specs`` (:func:`hostile_specs`) beside the two honest HOSTILE_CONTROLS;
+    collect, autograde (``autograde_args``, waiting ``timeout`` seconds) and make feedback, as the
+    instructor does. Returns the course, its scores, the two
     runs, autograde's seconds, the source cells and the gradebook's mode from before autograde,
     and the size of each submission (tests/grade/test_hostile.py, tests/grade/test_hostile_output.py)."""
-    course, incoming = Course(root / "work"), fresh_dir(root / "incoming")
-    release = str(course.release())
-    submitted = dict.fromkeys(HOSTILE_CONTROLS, hostile.build(type("Correct", (), {})(), release))
-    submitted.update({hostile_student(name): hostile.build(spec, release) for name, spec in specs.items()})
-    for student, body in submitted.items():
-        course.submit(incoming, student, body)
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    course = Course(root / "work")
+    submitted = hand_in(course, {**dict.fromkeys(HOSTILE_CONTROLS, honest_spec()),
+                                 **{hostile_student(name): spec for name, spec in specs.items()}})
     source_cells_before, gradebook_mode = course.table("source_cell"), (course.work / "gradebook.db").stat().st_mode
     start = time.monotonic()
     autograde = course.grade("autograde", SLUG, *autograde_args, timeout=timeout)
     seconds = time.monotonic() - start
     return {"course": course, "autograde": autograde, "seconds": seconds, "feedback": course.grade("feedback", SLUG),
             "scores": course.scores(), "source_cells_before": source_cells_before, "gradebook_mode": gradebook_mode,
-            "submitted": {student: len(body) for student, body in submitted.items()}}
+            "submitted": submitted}
 
 
 def grade_one_student(root: Path, slug: str, student: str, answers: dict) -> tuple[Course, dict]:

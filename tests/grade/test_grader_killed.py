@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from grading_support import REPO, SLUG, Course, fresh_dir
+from grading_support import REPO, SLUG, Course, hand_in
 
 from distlab.grade.boundary import cgroups
 
@@ -54,11 +54,7 @@ def _ranks(procs) -> list[psutil.Process]:
 @pytest.mark.timeout(300)
 def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ranks(tmp_path):
     course = Course(tmp_path / "work")
-    release = course.release()
-    incoming = fresh_dir(tmp_path / "incoming")
-    looping = hostile.specs()["infinite_loop"]  # task 1 never returns: the kill lands mid-test
-    course.submit(incoming, "looper", hostile.build(looping, str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    hand_in(course, {"looper": hostile.specs()["infinite_loop"]})  # task 1 never returns: the kill lands mid-test
     grader = subprocess.Popen([sys.executable, "-m", "distlab.grade", "autograde", SLUG], cwd=REPO,
                               env=course.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               stdin=subprocess.DEVNULL, start_new_session=True)

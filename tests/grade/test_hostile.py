@@ -7,17 +7,13 @@ students graded before and after it keep their full marks.
 
 from __future__ import annotations
 
-import sys
-
 import psutil
 import pytest
-from grading_support import HOSTILE_CONTROLS, REPO, SLUG, grade_hostile_class
+from grading_support import HOSTILE_CONTROLS, SLUG, grade_hostile_class, hostile_builder, hostile_specs
 from grading_support import hostile_student as _student
 
-sys.path.insert(0, str(REPO / "grader" / "hostile"))
-import build as hostile  # noqa: E402
-
-SPECS = hostile.specs()
+hostile = hostile_builder()
+SPECS = hostile_specs()
 CONTROLS = HOSTILE_CONTROLS
 SECONDS_PER_SUBMISSION = 150
 """Bound per hostile submission: three test cells, each with runs bounded by 20 s timeouts,
@@ -27,7 +23,7 @@ plus the kernel run (per-cell timeout 20 s here); the ones that do not hang take
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     # The harness waits as long as the bound the tests below assert (per submission), no less.
-    return grade_hostile_class(tmp_path_factory.mktemp("hostile"), hostile, SPECS, "--Execute.timeout=20",
+    return grade_hostile_class(tmp_path_factory.mktemp("hostile"), SPECS, "--Execute.timeout=20",
                                timeout=(len(SPECS) + len(CONTROLS)) * SECONDS_PER_SUBMISSION)
 
 

@@ -11,24 +11,20 @@ scores are what their answers earn.
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 import threading
 import time
 
 import nbformat
 import pytest
-from grading_support import HOSTILE_CONTROLS, REPO, SLUG, grade_hostile_class
+from grading_support import HOSTILE_CONTROLS, SLUG, grade_hostile_class, hostile_builder, hostile_specs
 from grading_support import hostile_student as _student
 
 from distlab.grade.boundary import kernel_messages, student_output
 from distlab.grade.pipeline import run_nbgrader
 
-sys.path.insert(0, str(REPO / "grader" / "hostile"))
-import build as hostile  # noqa: E402
-
-SPECS = hostile.specs(os.path.join(hostile.HERE, "output"))
+hostile = hostile_builder()
+SPECS = hostile_specs("output")
 CONTROLS = HOSTILE_CONTROLS
 LOG_BYTES = 2 * 2**20
 """The autograde log of this class, at most: each of the 6 hostile submissions keeps
@@ -62,7 +58,7 @@ def graded(tmp_path_factory):
     watcher = threading.Thread(target=_peak_of_nbgrader, args=(stop, peaks), daemon=True)
     watcher.start()
     try:
-        graded = grade_hostile_class(tmp_path_factory.mktemp("hostile-output"), hostile, SPECS,
+        graded = grade_hostile_class(tmp_path_factory.mktemp("hostile-output"), SPECS,
                                      "--Execute.timeout=300", timeout=1800)
     finally:
         stop.set()

@@ -11,38 +11,23 @@ tests/grade/test_hostile.py.)
 
 from __future__ import annotations
 
-import os
-import sys
+import functools
 
 import pytest
-from grading_support import REPO, Course, fresh_dir
+from grading_support import Course, hand_in, honest_spec, hostile_specs, hostile_student
 
-sys.path.insert(0, str(REPO / "grader" / "hostile"))
-sys.path.insert(0, str(REPO / "grader" / "hostile" / "rooms"))
-import build as hostile  # noqa: E402
-
-SPECS = hostile.specs(os.path.join(hostile.HERE, "rooms"))
+SPECS = hostile_specs("rooms")
 SLUGS = sorted({spec.SLUG for spec in SPECS.values()})
 CONTROL = "aa-control"
-
-
-def _student(name: str) -> str:
-    return "r-" + name.replace("_", "-")
+_student = functools.partial(hostile_student, prefix="r")
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile-rooms")
-    course = Course(root / "work")
+    course = Course(tmp_path_factory.mktemp("hostile-rooms") / "work")
     for slug in SLUGS:
-        release = course.release(slug)
-        incoming = fresh_dir(root / f"incoming-{slug}")
-        correct = hostile.build(type("Correct", (), {"SLUG": slug})(), str(release))
-        course.submit(incoming, CONTROL, correct, slug)
-        for name, spec in SPECS.items():
-            if spec.SLUG == slug:
-                course.submit(incoming, _student(name), hostile.build(spec, str(release)), slug)
-        assert course.grade("collect", slug, "--from", str(incoming)).returncode == 0, course.log
+        hand_in(course, {CONTROL: honest_spec(slug),
+                         **{_student(name): spec for name, spec in SPECS.items() if spec.SLUG == slug}}, slug)
         course.grade("autograde", slug, "--Execute.timeout=60", timeout=3000)
     return course
 

@@ -83,9 +83,12 @@ def chosen_slugs() -> list[str]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("slug", chosen_slugs())
 def test_a_broken_earlier_task_costs_nothing_in_the_later_one(slug):
-    with distlab.Pool(2):   # both runs on the same warm ranks, as in a notebook
+    # Both checks on the same warm ranks, as in a notebook: two ranks on the grader's relay, where
+    # each chapter's setup cell runs its visible checks (network="relay"); a gloo pool served none.
+    with distlab.Pool(2, backend="relay") as pool:
         graded = later_check(slug, with_references=True)
         assert graded is None, f"{slug}: the later task failed with the references: {graded}"
         own = later_check(slug, with_references=False)
+        assert pool.calls >= 2, f"{slug}: the checks started ranks of their own instead of the warm ones"
     assert isinstance(own, checks.CheckFailed), (
         f"{slug}: with the broken earlier answer and no references the later check should fail, got {own!r}")

@@ -392,17 +392,30 @@ def test_the_kernels_socket_folder_lives_exactly_as_long_as_its_kernel(tmp_path)
     assert folders() == before
 
 
-GRADED_KERNEL = textwrap.dedent(r'''
-    import asyncio, json, os, sys
+READY_KERNEL = textwrap.dedent(r'''
+    import asyncio, contextlib, json, os, sys
     from distlab.grade.pipeline.nbplugins import GradingKernelManager
 
-    async def main(folder, marker):
+    @contextlib.asynccontextmanager
+    async def ready_kernel(folder):
+        """The grading kernel started in ``folder`` and a client it answers; both ended on the way out."""
         km = GradingKernelManager(kernel_name="python3")
         await km.start_kernel(cwd=folder)
         client = km.client()
         client.start_channels()
         try:
             await client.wait_for_ready(timeout=120)
+            yield km, client
+        finally:
+            client.stop_channels()
+            await km.shutdown_kernel(now=True)
+''')
+"""The start of a grader's script below, which runs as another account: a grading kernel as
+autograde starts it, ended however the script's checks go."""
+
+GRADED_KERNEL = READY_KERNEL + textwrap.dedent(r'''
+    async def main(folder, marker):
+        async with ready_kernel(folder) as (km, client):
             # a forked process's print reaches the notebook too (ipykernel's pipe for them, moved
             # to a Unix socket): the owner must hear it
             client.execute(f"import os, time\nif os.fork() == 0:\n    print('forked', {marker!r}, flush=True)\n"
@@ -415,9 +428,6 @@ GRADED_KERNEL = textwrap.dedent(r'''
                 msg = await client.get_iopub_msg(timeout=30)
                 heard += msg["content"].get("text", "")
             print("owner heard it", flush=True)
-        finally:
-            client.stop_channels()
-            await km.shutdown_kernel(now=True)
 
     asyncio.run(main(sys.argv[1], sys.argv[2]))
 ''')
@@ -507,10 +517,7 @@ def test_a_grader_that_is_not_root_gets_the_capped_folders_too():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-FILLS_ITS_SOCKET_FOLDER = textwrap.dedent(r'''
-    import asyncio, json, os, sys
-    from distlab.grade.pipeline.nbplugins import GradingKernelManager
-
+FILLS_ITS_SOCKET_FOLDER = READY_KERNEL + textwrap.dedent(r'''
     CELL = """
     import os
     arguments = open("/proc/self/cmdline", "rb").read().split(b"\\0")
@@ -535,20 +542,12 @@ FILLS_ITS_SOCKET_FOLDER = textwrap.dedent(r'''
     """
 
     async def main(folder):
-        km = GradingKernelManager(kernel_name="python3")
-        await km.start_kernel(cwd=folder)
-        client = km.client()
-        client.start_channels()
-        try:
-            await client.wait_for_ready(timeout=120)
+        async with ready_kernel(folder) as (km, client):
             reply = await client.execute_interactive(CELL, timeout=300, output_hook=lambda msg: print(
                 msg["content"].get("text", ""), end="", flush=True))
             # the host's socket folder, while the kernel lives: as the grader made it
             print(json.dumps({"host": sorted(os.listdir(km.sockets_folder)), "status": reply["content"]["status"],
                               "answers": (await client.execute_interactive("print(6 * 7)", timeout=60))["content"]["status"]}))
-        finally:
-            client.stop_channels()
-            await km.shutdown_kernel(now=True)
 
     asyncio.run(main(sys.argv[1]))
 ''')

@@ -12,24 +12,26 @@ copy with the same answer would, and full marks elsewhere.
 
 from __future__ import annotations
 
-import os
-import sys
+import functools
 
 import nbformat
 import pytest
-from grading_support import REPO, Course, forbidden_list, fresh_dir
+from grading_support import (
+    REPO,
+    Course,
+    forbidden_list,
+    hand_in,
+    honest_spec,
+    hostile_builder,
+    hostile_specs,
+    hostile_student,
+)
 
-sys.path.insert(0, str(REPO / "grader" / "hostile"))
-sys.path.insert(0, str(REPO / "grader" / "hostile" / "metadata"))
-import build as hostile  # noqa: E402
-
-SPECS = hostile.specs(os.path.join(hostile.HERE, "metadata"))
+hostile = hostile_builder()
+SPECS = hostile_specs("metadata")
 SLUG = "02-collectives"
 CONTROL = "aa-control"
-
-
-def _student(name: str) -> str:
-    return "m-" + name.replace("_", "-")
+_student = functools.partial(hostile_student, prefix="m")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +87,7 @@ def test_a_course_without_its_source_notebook_grades_nothing_rather_than_forbid_
     from distlab.grade.pipeline.source_rules import SourceNotebookMissing
 
     _, course, release = released
-    correct = hostile.build(type("Correct", (), {"SLUG": SLUG})(), str(release))
+    correct = hostile.build(honest_spec(SLUG), str(release))
     with pytest.raises(SourceNotebookMissing, match="no-such-folder"):
         _job_for(course, correct, monkeypatch, source_directory="no-such-folder")
 
@@ -93,12 +95,9 @@ def test_a_course_without_its_source_notebook_grades_nothing_rather_than_forbid_
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_a_submission_without_its_forbidden_list_scores_as_if_it_had_it(released):
-    root, course, release = released
-    incoming = fresh_dir(root / "incoming")
-    course.submit(incoming, CONTROL, hostile.build(type("Correct", (), {"SLUG": SLUG})(), str(release)), SLUG)
-    for name, spec in SPECS.items():
-        course.submit(incoming, _student(name), hostile.build(spec, str(release)), SLUG)
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    _, course, release = released
+    hand_in(course, {CONTROL: honest_spec(SLUG), **{_student(name): spec for name, spec in SPECS.items()}},
+            SLUG, release)
     course.grade("autograde", SLUG, "--Execute.timeout=60", timeout=3000)
     scores, points = course.scores(SLUG), course.max_scores(SLUG)
     assert scores[CONTROL] == points, course.log[-5000:]

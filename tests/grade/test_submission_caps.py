@@ -20,14 +20,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from grading_support import REPO, SLUG, Course, fresh_dir
+from grading_support import REPO, SLUG, Course, hand_in, honest_spec, hostile_builder, hostile_specs, hostile_student
 
 from distlab.grade.boundary import cgroups
 
-sys.path.insert(0, str(REPO / "grader" / "hostile"))
-import build as hostile  # noqa: E402
-
-CAPS = hostile.specs(os.path.join(hostile.HERE, "caps"))
+hostile = hostile_builder()
+CAPS = hostile_specs("caps")
 MEMORY_MB, TASKS, CPU_S = 2048, 512, 20
 """The caps the class is graded with: an honest chapter-0 notebook's clean room (four ranks)
 holds about 1.2 GiB at its peak, its kernel less (the grader logs both, "held at most"). Its
@@ -170,12 +168,7 @@ def test_groups_left_by_a_killed_grader_are_removed_by_the_next_one_and_no_live_
 @pytest.mark.timeout(900)
 def test_a_submissions_processes_are_capped_together_and_honest_students_are_not(tmp_path):
     course = Course(tmp_path / "work")
-    release = course.release()
-    incoming = fresh_dir(tmp_path / "incoming")
-    course.submit(incoming, "aa-control", hostile.build(type("Correct", (), {})(), str(release)))
-    for name, spec in CAPS.items():
-        course.submit(incoming, "h-" + name.replace("_", "-"), hostile.build(spec, str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    hand_in(course, {"aa-control": honest_spec(), **{hostile_student(name): spec for name, spec in CAPS.items()}})
     graded = course.grade("autograde", SLUG, f"--SubmissionCaps.memory_mb={MEMORY_MB}",
                           f"--SubmissionCaps.tasks={TASKS}", f"--SubmissionCaps.cpu_s={CPU_S}",
                           f"--Execute.timeout={CELL_TIMEOUT_S}")
@@ -187,7 +180,7 @@ def test_a_submissions_processes_are_capped_together_and_honest_students_are_not
     full = {cell: float(points) for cell, points in hostile.POINTS.items()}
     assert scores["aa-control"] == full, scores
     for name, spec in CAPS.items():
-        student = "h-" + name.replace("_", "-")
+        student = hostile_student(name)
         assert scores[student] == hostile.expected_scores(spec), (name, scores[student])
         printed = outputs(next((course.work / "autograded" / student).rglob("*.ipynb")))
         for expected in spec.OUTPUT_CONTAINS:
@@ -196,7 +189,7 @@ def test_a_submissions_processes_are_capped_together_and_honest_students_are_not
             assert absent not in printed, (name, absent)
     # This grading's groups only (their names carry the student): another test's grader, killed
     # on purpose (test_grader_killed), leaves its groups for the next grader to sweep.
-    students = ("aa-control", *("h-" + name.replace("_", "-") for name in CAPS))
+    students = ("aa-control", *(hostile_student(name) for name in CAPS))
     left = [p for p in cgroups.ROOT.glob(f"*/**/{cgroups.PREFIX}-*")
             if p.is_dir() and any(f"-{student}-" in p.name for student in students)]
     assert not left, f"a group was left behind: {left}"

@@ -32,19 +32,33 @@ import time
 from pathlib import Path
 
 INSTRUCTOR_ONLY = ("solutions", "grader", "tests", ".ci", "benchmarks/autograde.py",
-                   "scripts/link_notebooks_to_book.py", "src/distlab/grade/author/new_chapter.py",
-                   "src/distlab/grade/author/new_chapter_text.py", "src/distlab/grade/author/book_checks.py",
-                   "src/distlab/grade/author/near_copy.py", "src/distlab/grade/author/page_check.py",
-                   "src/distlab/grade/author/chapter_rows.py", "src/distlab/grade/author/authoring.py")
-"""Paths the student edition leaves out: the nbgrader source notebooks (solutions, hidden
-tests), the grader's configuration and hostile submissions, the tests (they hold the answers),
-and the instructor's tools that work only with those (CI runs the tests; the grading benchmark
-grades ``solutions/``; the link rewriter edits ``solutions/``; ``new-chapter`` writes into
-``solutions/`` and ``tests/``, and its templates hold a sample task's solution and hidden
-tests; the page checks of ``make page`` measure pages against ``solutions/``; the lists of
-chapters are rewritten by their authors, not by students). The book, the
-released ``notebooks/``, the rest of the package and ``hub/`` (its pages include the hub's
-files) stay."""
+                   "scripts/link_notebooks_to_book.py", "src/distlab/grade/author")
+"""Paths the student edition leaves out (a folder with everything below it): the nbgrader source
+notebooks (solutions, hidden tests), the grader's configuration and hostile submissions, the
+tests (they hold the answers), and the instructor's tools that work only with those (CI runs
+the tests; the grading benchmark grades ``solutions/``; the link rewriter edits ``solutions/``;
+the authors' tools of ``grade/author/``: ``new-chapter`` writes into ``solutions/`` and
+``tests/``, and its templates hold a sample task's solution and hidden tests; the page checks
+of ``make page`` measure pages against ``solutions/``; the lists of chapters are rewritten by
+their authors, not by students). A module added to ``grade/author/`` later is left out too,
+unless :data:`STUDENT_EDITION_KEEPS` names it. The book, the released ``notebooks/``, the rest
+of the package and ``hub/`` (its pages include the hub's files) stay."""
+
+STUDENT_EDITION_KEEPS = ("src/distlab/grade/author/__init__.py", "src/distlab/grade/author/edition.py",
+                         "src/distlab/grade/author/authoring_commands.py")
+"""Files of an :data:`INSTRUCTOR_ONLY` folder that the edition keeps, each named: this module
+(the published repository's workflow runs :func:`findings` on every push), the declarations of
+the authors' commands that ``python -m distlab.grade`` imports (arguments only; each command's
+module stays out), and the package's docstring."""
+
+
+def instructor_only(path: str) -> bool:
+    """Whether the student edition leaves out ``path`` (relative to the repository's top)."""
+    return path not in STUDENT_EDITION_KEEPS and any(path == p or path.startswith(p + "/") for p in INSTRUCTOR_ONLY)
+
+
+LEFT_OUT = ", ".join(INSTRUCTOR_ONLY) + " (but for " + ", ".join(STUDENT_EDITION_KEEPS) + ")"
+"""What the edition leaves out, as its commit message and the command say it."""
 
 BRANCH = "main"  # _config.yml's repository.branch: the launch links pull it
 MARKER = re.compile(r'^\s*"?(#+\s*BEGIN (?:SOLUTION|HIDDEN TESTS))\b', re.MULTILINE)  # "?: a notebook's raw JSON
@@ -63,19 +77,20 @@ def _git(where: Path, *args: str, stdin: str | None = None, env: dict | None = N
     return done.stdout.strip()
 
 
-def _tree_without(git, tree: str, drop: set[str]) -> str:
-    """A tree like ``tree`` without the paths in ``drop`` (relative to it), written with mktree."""
+def _tree_without(git, tree: str, folder: str = "") -> str:
+    """A tree like ``tree`` (the repository's ``folder``, "" for its top) without the paths
+    :func:`instructor_only` names, written with mktree."""
     entries = []
     for entry in git("ls-tree", "-z", tree).split("\0"):
         if not entry:
             continue
         info, name = entry.split("\t", 1)
         mode, kind, oid = info.split()
-        below = {p[len(name) + 1:] for p in drop if p.startswith(name + "/")}
-        if name in drop:
+        path = folder + name
+        if kind == "tree" and any(p.startswith(path + "/") for p in (*INSTRUCTOR_ONLY, *STUDENT_EDITION_KEEPS)):
+            oid = _tree_without(git, oid, path + "/")    # a path below it is left out, or kept
+        elif instructor_only(path):
             continue
-        if below and kind == "tree":
-            oid = _tree_without(git, oid, below)
         entries.append(f"{mode} {kind} {oid}\t{name}")
     return git("mktree", "-z", stdin="".join(e + "\0" for e in entries))
 
@@ -102,15 +117,14 @@ def write(dest: Path, repo: Path, commit: str = "HEAD", bare: bool = False) -> s
     # Borrow the instructor's objects while building; repack copies only what the commit reaches.
     env = {**os.environ, "GIT_ALTERNATE_OBJECT_DIRECTORIES": _git(repo, "rev-parse", "--path-format=absolute",
                                                                    "--git-path", "objects")}
-    tree = _tree_without(lambda *a, stdin=None: _git(dest, *a, stdin=stdin, env=env), f"{source}^{{tree}}",
-                         set(INSTRUCTOR_ONLY))
+    tree = _tree_without(lambda *a, stdin=None: _git(dest, *a, stdin=stdin, env=env), f"{source}^{{tree}}")
     if parent and tree == _git(dest, "rev-parse", f"{parent}^{{tree}}"):
         return parent
     if subprocess.run(["git", "-C", str(dest), "var", "GIT_AUTHOR_IDENT"], capture_output=True).returncode:
         env.update(IDENTITY, GIT_COMMITTER_NAME=IDENTITY["GIT_AUTHOR_NAME"],
                    GIT_COMMITTER_EMAIL=IDENTITY["GIT_AUTHOR_EMAIL"])
     message = (f"The course, student edition of {source[:12]}: without "
-               + ", ".join(INSTRUCTOR_ONLY) + " (python -m distlab.grade student-edition)")
+               + LEFT_OUT + " (python -m distlab.grade student-edition)")
     new = _git(dest, "commit-tree", tree, *(["-p", parent] if parent else []), "-m", message, env=env)
     _git(dest, "update-ref", f"refs/heads/{BRANCH}", new)
     _git(dest, "repack", "-a", "-d", "-q", env=env)
@@ -133,7 +147,7 @@ def command(dest: str, commit: str, repo: str, say) -> int:
         return 1
     changed = _git(Path(repo), "status", "--porcelain", "--untracked-files=no")
     say(f"student edition {new[:12]} of {commit} written to {dest} ({time.monotonic() - start:.1f} s), without "
-        + ", ".join(INSTRUCTOR_ONLY) + (" (uncommitted changes are not in it)" if changed else ""))
+        + LEFT_OUT + (" (uncommitted changes are not in it)" if changed else ""))
     say(f"publish it: git -C {dest} push <your public repository> {BRANCH}")
     return 0
 
@@ -174,8 +188,7 @@ def findings(repository: Path, known: list[str] = ()) -> list[str]:
         token = token.lstrip("\n")
         if token.startswith("\x01"):
             commit = token[1:]
-        elif token and (any(token == p or token.startswith(p + "/") for p in INSTRUCTOR_ONLY)
-                        or "gradebook" in token.rsplit("/", 1)[-1]):
+        elif token and (instructor_only(token) or "gradebook" in token.rsplit("/", 1)[-1]):
             found.setdefault(token, f"{token}: instructor-only file (commit {commit[:12]})")
     wanted = [f"\n{t}\n" for t in known]
     named = dict(line.split(" ", 1) for line in _git(repository, "rev-list", "--all", "--objects").splitlines()
