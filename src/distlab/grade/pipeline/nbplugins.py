@@ -43,6 +43,7 @@ from distlab.grade.boundary import (
     kernel_proxy,
     limits,
     pipes,
+    sandbox_keeper,
     scratch,
     student_output,
     submission_caps,
@@ -76,6 +77,7 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
         self.drain = None            # the kernel's stdout and stderr, on their way to the log
+        self.leash = None            # the kernel's keeper ends it when nbgrader lets go or dies
         # its messages, capped before they are read (no setting may swap the client out)
         self.client_factory = kernel_messages.CappedKernelClient
         self.context = kernel_messages.capped_context(self.context)
@@ -86,23 +88,29 @@ class GradingKernelManager(PrivateSocketsKernelManager):
             self.sockets_folder = use_private_sockets(self)
         # Its standard output (and ipykernel's saved copy of it) is never nbgrader's own.
         self.drain = student_output.Drain("the kernel")
+        self.leash = sandbox_keeper.Leash()
         try:
-            return await self._async_start_kernel(**kw, stdout=self.drain.write_fd, stderr=self.drain.write_fd)
+            return await self._async_start_kernel(**kw, stdout=self.drain.write_fd, stderr=self.drain.write_fd,
+                                                  **self.leash.popen_options())
         finally:
             self.drain.started()
+            self.leash.started()
 
     def format_kernel_cmd(self, extra_arguments=None):
         argv = [sys.executable, "-m", "distlab.grade.boundary.kernel", "-f", self.connection_file] + list(extra_arguments or [])
         if not self.sandboxed:
-            return submission_caps.wrap_for_current(argv)
+            return submission_caps.wrap_for_current(sandbox_keeper.wrap(argv, self.leash.read_fd))
         for folder in (self.sockets_folder, self.kernel_cwd):
             bubblewrap.hand_over(folder)
-        # JPY_PARENT_PID=1: no parent polling (inside, the parent is the sandbox's init; bwrap's
-        # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
+        # JPY_PARENT_PID=1: no parent polling (inside, the parent is the sandbox's init; the
+        # sandbox's keeper ends the kernel with the grader), and no "Ctrl-C will not work" banner.
         sandboxed = bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
                                        env={"JPY_PARENT_PID": "1"})
+        # its keeper (in the capped folders' mount namespace: the grader reaches the sockets through
+        # it) ends it when nbgrader dies, however (distlab.grade.boundary.sandbox_keeper)
+        kept = sandbox_keeper.wrap(sandboxed, self.leash.read_fd)
         # its folder and its sockets' folder: memory file systems of their own, capped in bytes and files
-        return submission_caps.wrap_for_current(scratch.wrap(sandboxed, [self.kernel_cwd], sockets=self.sockets_folder))
+        return submission_caps.wrap_for_current(scratch.wrap(kept, [self.kernel_cwd], sockets=self.sockets_folder))
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         await super()._async_launch_kernel(kernel_cmd, **kw)
@@ -119,6 +127,9 @@ class GradingKernelManager(PrivateSocketsKernelManager):
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
         kernel_proxy.remove(self)
+        if self.leash:   # the kernel is gone: its keeper ends whatever it left and exits
+            self.leash, leash = None, self.leash
+            leash.close()
         if self.drain:   # the kernel is gone: its last lines, then the pipe
             self.drain, drain = None, self.drain
             drain.close()
