@@ -24,7 +24,7 @@ involved. The keeper
 * runs COMMAND as its child, which dies with it, and waits for whichever comes first: the
   pipe's end-of-file (the grader is gone, or done with the sandbox), the end of COMMAND, or
   SIGTERM, SIGINT or SIGHUP; then it kills everything still below it, waits until it is
-  gone, and ends as COMMAND ended (its exit code, or 128 + its signal).
+  gone, and ends as COMMAND ended (its exit code, or by its signal), or by the signal it got.
 
 The keeper runs outside the sandbox, as the grader's user; the sandbox's processes, in process
 ids of their own, cannot see it or signal it.
@@ -159,23 +159,34 @@ def _start(command: list[str], leash_fd: int) -> int:
     return child
 
 
+def _end_as(code: int) -> None:
+    """Exit with ``code``, or, negative, die by that signal (as its child did: a caller that reads
+    ``-9`` from the sandbox reads it from the keeper too)."""
+    if code < 0:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):   # these two take no handler (EINVAL)
+            signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
+
+
 def main(argv: list[str]) -> None:
     leash_fd, command = int(argv[0]), argv[argv.index("--") + 1:]
     for signum in ENDING_SIGNALS:
         signal.signal(signum, _on_signal)
     processes.die_with_parent(0)   # from here the pipe says when the grader is gone
     processes.become_subreaper()
-    code = 1
+    code = 1   # the grader let go (or died) first
     try:
         ended = _wait(leash_fd, _start(command, leash_fd))
-        if ended is not None:
-            code = ended if ended >= 0 else 128 - ended
+        code = code if ended is None else ended
     except _Ended as why:
-        code = 128 + why.args[0]
+        code = -why.args[0]
     finally:
         signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
         _end_everything_below()
-    os._exit(code)
+    _end_as(code)
 
 
 if __name__ == "__main__":

@@ -257,6 +257,11 @@ class CleanRoomTests(NbGraderPreprocessor):
                                                   "traceback": ["TestFailed"]}))
         return nb, resources
 
+    def clean_room_command(self, verdict_fd: int) -> list[str]:
+        """The clean room's command line (before the sandbox and its keeper), its verdict to go to
+        the pipe ``verdict_fd``."""
+        return [sys.executable, "-m", "distlab.grade.boundary.cleanroom", str(verdict_fd)]
+
     def run_clean_room(self, job: dict, n_tests: int) -> tuple[dict, str | None]:
         """Start the clean-room process; return its verdicts (``{}`` and why, if it failed).
 
@@ -270,21 +275,24 @@ class CleanRoomTests(NbGraderPreprocessor):
             os.chmod(room, 0o700)
             verdict_in, verdict_out = os.pipe()
             start = time.monotonic()
-            # Its own session (the grader can end it and its ranks as one group), and it dies
-            # with us: if the grader is killed, nothing it started grades on.
-            argv = [sys.executable, "-m", "distlab.grade.boundary.cleanroom", str(verdict_out)]
+            argv = self.clean_room_command(verdict_out)
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
                 argv = scratch.wrap(bubblewrap.command(argv, writable=[room], cwd=room), [room])
-            argv = submission_caps.wrap_for_current(argv)
+            # Its own session (the grader can end it and its ranks as one group), and it ends
+            # with us, however we end: if the grader is killed, nothing it started grades on.
+            leash = sandbox_keeper.Leash()
+            argv = submission_caps.wrap_for_current(sandbox_keeper.wrap(argv, leash.read_fd))
             drain = student_output.Drain("the clean room")   # what it prints is never nbgrader's own output
+            options = leash.popen_options()
+            options["pass_fds"] += (verdict_out,)
             try:
                 proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
-                                        stdout=drain.write_fd, stderr=drain.write_fd,
-                                        pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)
+                                        stdout=drain.write_fd, stderr=drain.write_fd, **options)
             finally:
                 os.close(verdict_out)  # the clean room holds the only write end now
                 drain.started()
+                leash.started()
             reader = pipes.Reader(verdict_in)
             problem = None
             try:
@@ -295,6 +303,7 @@ class CleanRoomTests(NbGraderPreprocessor):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             finally:
+                leash.close()
                 limits.kill_descendants()
                 drain.close()
             self.log.info("Clean room finished in %.1f s", time.monotonic() - start)
