@@ -5,7 +5,8 @@ ids), which jupyter_client starts in a session of its own: a signal to the grade
 group does not reach it. Here the grader grades a notebook whose answer cell sleeps in the
 kernel (grader/hostile/hang_at_top_level.py, with a cell timeout longer than the test), and is
 ended the ways a person ends it: SIGTERM or SIGINT to its process group (a terminal's Ctrl-C, a
-test run's teardown), SIGKILL to the grade command alone (``kill -9``), and SIGTERM to the
+test run's teardown), SIGKILL to the grade command alone (``kill -9``), SIGKILL or SIGTERM to the
+nbgrader process between the grade command and the kernel, and SIGTERM to the
 process group of a test process that started it as tests/grade/grading_support.py does; and
 once more by SIGKILL while the kernel's sandbox is still on its way (the control group's shell
 or the capped folders' launcher runs, bwrap has not yet asked to die with its parent). Each time
@@ -43,11 +44,15 @@ TEST_PROCESS = "import sys; from process_support import run_in_own_group; run_in
 command through grading_support's own launcher (a guardian in a process group of its own)."""
 
 ENDINGS = {
-    "SIGTERM to the grader's process group": ("grader", "in a cell", lambda root: os.killpg(root, signal.SIGTERM)),
-    "SIGINT to the grader's process group": ("grader", "in a cell", lambda root: os.killpg(root, signal.SIGINT)),
-    "SIGKILL to the grader alone": ("grader", "in a cell", lambda root: os.kill(root, signal.SIGKILL)),
-    "SIGTERM to a test process's group": ("test process", "in a cell", lambda root: os.killpg(root, signal.SIGTERM)),
-    "SIGKILL to the grader as its kernel starts": ("grader", "starting", lambda root: os.kill(root, signal.SIGKILL)),
+    "SIGTERM to the grader's process group": ("grader", "in a cell", lambda root, nbgrader: os.killpg(root, signal.SIGTERM)),
+    "SIGINT to the grader's process group": ("grader", "in a cell", lambda root, nbgrader: os.killpg(root, signal.SIGINT)),
+    "SIGKILL to the grader alone": ("grader", "in a cell", lambda root, nbgrader: os.kill(root, signal.SIGKILL)),
+    "SIGKILL to nbgrader alone": ("grader", "in a cell", lambda root, nbgrader: os.kill(nbgrader, signal.SIGKILL)),
+    "SIGTERM to nbgrader alone": ("grader", "in a cell", lambda root, nbgrader: os.kill(nbgrader, signal.SIGTERM)),
+    "SIGTERM to a test process's group": ("test process", "in a cell",
+                                          lambda root, nbgrader: os.killpg(root, signal.SIGTERM)),
+    "SIGKILL to the grader as its kernel starts": ("grader", "starting",
+                                                   lambda root, nbgrader: os.kill(root, signal.SIGKILL)),
 }
 
 
@@ -138,7 +143,7 @@ def test_a_grader_ended_mid_cell_takes_its_kernel_sandbox_with_it(tmp_path, endi
         nbgrader = launcher.parent()
         started = [nbgrader, launcher, *below]
         group = os.getpgid(launcher.pid)
-        end(root.pid)
+        end(root.pid, nbgrader.pid)
         if when == "starting":   # what the sandbox starts after the grader is gone
             time.sleep(BOUND_S)
             started += descendants(launcher.pid)
