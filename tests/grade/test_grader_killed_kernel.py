@@ -12,8 +12,8 @@ once more by SIGKILL while the kernel's sandbox is still on its way (the control
 or the capped folders' launcher runs, bwrap has not yet asked to die with its parent). Each time
 nbgrader and every process of the sandbox must be gone within :data:`BOUND_S`.
 
-Before the sandbox had a keeper (distlab.grade.boundary.sandbox_keeper) the last case failed every
-time: bwrap and the kernel inside it ran on, re-parented to init in a session of their own, as
+Before the sandbox had a keeper (distlab.grade.boundary.sandbox_keeper) the last case failed in both
+runs: bwrap and the kernel inside it ran on, re-parented to init in a session of their own, as
 one was found an hour after a test run was ended. The other cases passed: once bwrap runs, its
 parent-death signal holds.
 """
