@@ -62,6 +62,7 @@ class Leash:
         """What ``subprocess.Popen`` needs to start a keeper: the read end, passed on, and a
         parent-death signal from the fork on (the keeper dies with the grader until it runs)."""
         grader = self.grader
+        processes.libc()   # loaded before the fork, not in the child
 
         def die_with_grader():
             processes.die_with_parent()
