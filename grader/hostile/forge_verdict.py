@@ -8,7 +8,9 @@ Expected: the verdict travels on a pipe of the grader that the ranks do not hold
 room's folder cannot even be found (the clean room is not dumpable: its /proc entries are
 closed to the ranks), and the kill reaches nothing: each graded rank has process ids of its
 own (distlab.grade.boundary.rank_keeper), where the clean room has no number. (Before that, the kill
-ended the clean room, and a clean room that did not exit cleanly gave no verdict: still so.)
+ended the clean room, and a clean room that did not exit cleanly gave no verdict: still so, and
+tests/grade/test_clean_room_verdict.py tries that defence on its own, with a clean room that writes
+a passing verdict and then exits non-zero.)
 Every task scores 0; the students graded around it keep theirs.
 """
 AFFECTED = ["task1-tests", "task2-tests", "concept-a-tests", "concept-b-tests", "concept-c-tests"]

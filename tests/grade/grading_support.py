@@ -391,3 +391,19 @@ def try_each(attempts: dict) -> dict:
         except Exception as error:  # noqa: BLE001 - anything else is a wrong verdict, said in full
             verdicts[name] = f"{type(error).__name__}: {error}"
     return verdicts
+
+
+def groups_left_by(nbgrader_pid: int, seconds: float = 10) -> list[Path]:
+    """The control groups of a killed grader (named after its nbgrader's process id) still there
+    after ``seconds`` of the next grader's sweep (test_submission_caps checks the sweep). A test
+    that killed a grader is that next grader, so that no group of it is left for the rest of the run."""
+    from distlab.grade.boundary import cgroups
+
+    left_by = f"{cgroups.PREFIX}-{nbgrader_pid}-"
+    deadline = time.monotonic() + seconds
+    while True:
+        cgroups.remove_groups_of_dead_graders(cgroups.group_roots())
+        left = [folder for root in cgroups.group_roots() for folder in root.glob(left_by + "*")]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

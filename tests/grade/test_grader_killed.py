@@ -10,30 +10,11 @@ import time
 
 import psutil
 import pytest
-from grading_support import REPO, SLUG, Course, hand_in
-
-from distlab.grade.boundary import cgroups
+from grading_support import REPO, SLUG, Course, groups_left_by, hand_in
+from process_support import descendants, named
 
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
 import build as hostile  # noqa: E402
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _named(procs, text: str) -> list[psutil.Process]:
-    found = []
-    for proc in procs:
-        try:
-            if text in " ".join(proc.cmdline()):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def _ranks(procs) -> list[psutil.Process]:
@@ -64,13 +45,13 @@ def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ran
         while not ranks:
             assert grader.poll() is None, "the autograde ended before its clean room started ranks"
             assert time.monotonic() < deadline, "no clean room with ranks appeared within 180 s"
-            rooms = _named(_descendants(grader.pid), "distlab.grade.boundary.cleanroom")
-            ranks = [p for room in rooms for p in _ranks(_descendants(room.pid))]
+            rooms = named(descendants(grader.pid), "distlab.grade.boundary.cleanroom")
+            ranks = [p for room in rooms for p in _ranks(descendants(room.pid))]
             time.sleep(0.2)
         room = rooms[0]
         nbgrader = room.parent()
         assert "nbgrader" in " ".join(nbgrader.cmdline())
-        started = [nbgrader, room] + _descendants(room.pid)
+        started = [nbgrader, room] + descendants(room.pid)
         # As `kill -9` or a closed terminal would: the command the instructor started, alone.
         # (Before nbgrader died with it, nbgrader, its clean room and its ranks graded on.)
         psutil.Process(grader.pid).send_signal(signal.SIGKILL)
@@ -78,7 +59,7 @@ def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ran
         assert not alive, "still running 5 s after the grade command was killed: " + "; ".join(
             f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running())
     finally:
-        for proc in _descendants(grader.pid):
+        for proc in descendants(grader.pid):
             try:
                 proc.kill()
             except psutil.Error:
@@ -86,15 +67,5 @@ def test_killing_the_grade_command_mid_test_ends_nbgrader_its_clean_room_and_ran
         if grader.poll() is None:
             grader.kill()
         grader.wait(timeout=30)
-    # The killed grader's control groups are named after its nbgrader's process id and removed by
-    # the next grader's sweep (test_submission_caps checks the sweep). This test is that next
-    # grader, so that no group of it is left for the rest of the run.
-    left_by = f"{cgroups.PREFIX}-{nbgrader.pid}-"
-    deadline = time.monotonic() + 10
-    while True:
-        cgroups.remove_groups_of_dead_graders(cgroups.group_roots())
-        left = [folder for root in cgroups.group_roots() for folder in root.glob(left_by + "*")]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    left = groups_left_by(nbgrader.pid)
     assert not left, f"the killed grader's control groups outlived it: {left}"

@@ -30,6 +30,26 @@ def alive_with_marker(marker: str) -> list[psutil.Process]:
     return found
 
 
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below ``pid`` now (none once it is gone)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def named(procs, text: str) -> list[psutil.Process]:
+    """The processes among ``procs`` whose command line holds ``text``."""
+    found = []
+    for proc in procs:
+        try:
+            if text in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
 REPEAT_UNDER_LOAD = int(os.environ.get("DISTLAB_REPEAT_UNDER_LOAD", "3"))
 """How many times the process-tree tests run under load (the proof ran them 20 times:
 ``DISTLAB_REPEAT_UNDER_LOAD=20 pytest -k under_load``)."""

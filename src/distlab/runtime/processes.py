@@ -52,10 +52,23 @@ END_BOUND_SECONDS = 10.0
 process on a loaded machine takes milliseconds, rarely a second, to disappear)."""
 
 
+_libc = None
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, loaded once. Call it before a fork whose child calls :func:`die_with_parent`
+    (a ``preexec_fn``): loading it in the child could wait forever for a lock another thread of
+    the parent held when it forked."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
 def _prctl(option: int, value: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
-    return ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0) == 0
+    return libc().prctl(option, int(value), 0, 0, 0) == 0
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -86,7 +99,7 @@ def set_name(name: str) -> None:
     """Name this process in ``ps -o comm``, ``top`` and ``psutil.Process.name()`` (Linux: up to 15
     bytes). A process forked without an exec keeps its parent's command line; this tells it apart."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+        libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def leash(subreaper: bool = True) -> None:

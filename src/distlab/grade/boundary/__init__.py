@@ -14,6 +14,7 @@ in the order a submission meets it:
   over pipes only the grader and the clean room hold (:mod:`distlab.grade.boundary.pipes`),
   results as plain data (:mod:`distlab.grade.boundary.safeload`);
 * the operating system's walls: bubblewrap's namespaces (:mod:`distlab.grade.boundary.bubblewrap`),
+  ended with the grader however it ends (:mod:`distlab.grade.boundary.sandbox_keeper`),
   a control group per phase (:mod:`distlab.grade.boundary.submission_caps`,
   :mod:`distlab.grade.boundary.cgroups`), per-process caps (:mod:`distlab.grade.boundary.limits`),
   capped memory file systems to write in (:mod:`distlab.grade.boundary.scratch`), bytes on the

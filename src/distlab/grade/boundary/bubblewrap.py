@@ -23,7 +23,9 @@ network        A new network namespace: only its own loopback. Ranks talk to eac
                reach.
 processes      A new PID namespace: the sandbox sees only its own processes, so it cannot
                signal anyone else's. ``--die-with-parent``: when the process that started
-               ``bwrap`` dies, the kernel ends every process in the sandbox.
+               ``bwrap`` dies, the kernel ends every process in the sandbox (once bwrap has
+               asked for it: the grader starts it behind a keeper that holds from the
+               start, :mod:`distlab.grade.boundary.sandbox_keeper`).
 user           An unprivileged account. A grader running as root drops to ``nobody`` (uid
                65534) inside the sandbox, after the mounts are made; any other grader's
                processes appear as ``nobody`` in a user namespace without capabilities.

@@ -43,6 +43,7 @@ from distlab.grade.boundary import (
     kernel_proxy,
     limits,
     pipes,
+    sandbox_keeper,
     scratch,
     student_output,
     submission_caps,
@@ -76,6 +77,7 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         self.sandboxed = bubblewrap.enabled()
         self.kernel_cwd = os.getcwd()
         self.drain = None            # the kernel's stdout and stderr, on their way to the log
+        self.leash = None            # the kernel's keeper ends it when nbgrader lets go or dies
         # its messages, capped before they are read (no setting may swap the client out)
         self.client_factory = kernel_messages.CappedKernelClient
         self.context = kernel_messages.capped_context(self.context)
@@ -86,23 +88,29 @@ class GradingKernelManager(PrivateSocketsKernelManager):
             self.sockets_folder = use_private_sockets(self)
         # Its standard output (and ipykernel's saved copy of it) is never nbgrader's own.
         self.drain = student_output.Drain("the kernel")
+        self.leash = sandbox_keeper.Leash()
         try:
-            return await self._async_start_kernel(**kw, stdout=self.drain.write_fd, stderr=self.drain.write_fd)
+            return await self._async_start_kernel(**kw, stdout=self.drain.write_fd, stderr=self.drain.write_fd,
+                                                  **self.leash.popen_options())
         finally:
             self.drain.started()
+            self.leash.started()
 
     def format_kernel_cmd(self, extra_arguments=None):
         argv = [sys.executable, "-m", "distlab.grade.boundary.kernel", "-f", self.connection_file] + list(extra_arguments or [])
         if not self.sandboxed:
-            return submission_caps.wrap_for_current(argv)
+            return submission_caps.wrap_for_current(sandbox_keeper.wrap(argv, self.leash.read_fd))
         for folder in (self.sockets_folder, self.kernel_cwd):
             bubblewrap.hand_over(folder)
-        # JPY_PARENT_PID=1: no parent polling (inside, the parent is the sandbox's init; bwrap's
-        # --die-with-parent ends the kernel with the grader), and no "Ctrl-C will not work" banner.
+        # JPY_PARENT_PID=1: no parent polling (inside, the parent is the sandbox's init; the
+        # sandbox's keeper ends the kernel with the grader), and no "Ctrl-C will not work" banner.
         sandboxed = bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
                                        env={"JPY_PARENT_PID": "1"})
+        # its keeper (in the capped folders' mount namespace: the grader reaches the sockets through
+        # it) ends it when nbgrader dies, however (distlab.grade.boundary.sandbox_keeper)
+        kept = sandbox_keeper.wrap(sandboxed, self.leash.read_fd)
         # its folder and its sockets' folder: memory file systems of their own, capped in bytes and files
-        return submission_caps.wrap_for_current(scratch.wrap(sandboxed, [self.kernel_cwd], sockets=self.sockets_folder))
+        return submission_caps.wrap_for_current(scratch.wrap(kept, [self.kernel_cwd], sockets=self.sockets_folder))
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         await super()._async_launch_kernel(kernel_cmd, **kw)
@@ -119,6 +127,9 @@ class GradingKernelManager(PrivateSocketsKernelManager):
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
         kernel_proxy.remove(self)
+        if self.leash:   # the kernel is gone: its keeper ends whatever it left and exits
+            self.leash, leash = None, self.leash
+            leash.close()
         if self.drain:   # the kernel is gone: its last lines, then the pipe
             self.drain, drain = None, self.drain
             drain.close()
@@ -246,6 +257,11 @@ class CleanRoomTests(NbGraderPreprocessor):
                                                   "traceback": ["TestFailed"]}))
         return nb, resources
 
+    def clean_room_command(self, verdict_fd: int) -> list[str]:
+        """The clean room's command line (before the sandbox and its keeper), its verdict to go to
+        the pipe ``verdict_fd``."""
+        return [sys.executable, "-m", "distlab.grade.boundary.cleanroom", str(verdict_fd)]
+
     def run_clean_room(self, job: dict, n_tests: int) -> tuple[dict, str | None]:
         """Start the clean-room process; return its verdicts (``{}`` and why, if it failed).
 
@@ -259,21 +275,24 @@ class CleanRoomTests(NbGraderPreprocessor):
             os.chmod(room, 0o700)
             verdict_in, verdict_out = os.pipe()
             start = time.monotonic()
-            # Its own session (the grader can end it and its ranks as one group), and it dies
-            # with us: if the grader is killed, nothing it started grades on.
-            argv = [sys.executable, "-m", "distlab.grade.boundary.cleanroom", str(verdict_out)]
+            argv = self.clean_room_command(verdict_out)
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
                 argv = scratch.wrap(bubblewrap.command(argv, writable=[room], cwd=room), [room])
-            argv = submission_caps.wrap_for_current(argv)
+            # Its own session (the grader can end it and its ranks as one group), and it ends
+            # with us, however we end: if the grader is killed, nothing it started grades on.
+            leash = sandbox_keeper.Leash()
+            argv = submission_caps.wrap_for_current(sandbox_keeper.wrap(argv, leash.read_fd))
             drain = student_output.Drain("the clean room")   # what it prints is never nbgrader's own output
+            options = leash.popen_options()
+            options["pass_fds"] += (verdict_out,)
             try:
                 proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
-                                        stdout=drain.write_fd, stderr=drain.write_fd,
-                                        pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)
+                                        stdout=drain.write_fd, stderr=drain.write_fd, **options)
             finally:
                 os.close(verdict_out)  # the clean room holds the only write end now
                 drain.started()
+                leash.started()
             reader = pipes.Reader(verdict_in)
             problem = None
             try:
@@ -284,6 +303,7 @@ class CleanRoomTests(NbGraderPreprocessor):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             finally:
+                leash.close()
                 limits.kill_descendants()
                 drain.close()
             self.log.info("Clean room finished in %.1f s", time.monotonic() - start)
