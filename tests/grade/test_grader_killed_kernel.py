@@ -28,7 +28,7 @@ import time
 
 import psutil
 import pytest
-from grading_support import REPO, SLUG, Course, fresh_dir, groups_left_by
+from grading_support import REPO, SLUG, Course, groups_left_by, hand_in
 from process_support import descendants, named
 
 sys.path.insert(0, str(REPO / "grader" / "hostile"))
@@ -126,10 +126,7 @@ def _end_all(procs: list[psutil.Process]) -> None:
 def test_a_grader_ended_mid_cell_takes_its_kernel_sandbox_with_it(tmp_path, ending):
     launched_by, when, end = ENDINGS[ending]
     course = Course(tmp_path / "work")
-    release = course.release()
-    incoming = fresh_dir(tmp_path / "incoming")
-    course.submit(incoming, "sleeper", hostile.build(hostile.specs()["hang_at_top_level"], str(release)))
-    assert course.grade("collect", SLUG, "--from", str(incoming)).returncode == 0, course.log
+    hand_in(course, {"sleeper": hostile.specs()["hang_at_top_level"]})
     command = [sys.executable, "-m", "distlab.grade", "autograde", SLUG, "--Execute.timeout=900"]
     env = course.env()
     if launched_by == "test process":
