@@ -122,3 +122,39 @@ def test_honest_traffic_far_over_the_cap_in_total_passes(small_caps):
     got = distlab.run(honest_exchange, numel, rounds, nprocs=2, backend="relay", timeout=120)
     expected = float(sum(2 * step + 1 for step in range(rounds)))   # (0 + s) + (1 + s), exact in float32
     assert got == [[expected] * 3] * 2
+
+
+def flood_and_catch_the_verdict(total_mb, chunk_mb, then):
+    """Rank 1 floods rank 0, which waits in a barrier: the router stops the run at the cap. Both
+    ranks catch the verdict and either return it or raise an error of their own after wiping
+    their own note of the distributed call that raised (what a pool reads to decide whether a
+    failed call left the process group in doubt; the rank's code can edit it): either way the
+    pool sees every rank finish the call cleanly, though their links to the router are broken."""
+    try:
+        if dist.get_rank() == 0:
+            dist.barrier()
+        else:
+            _send_without_waiting(torch.zeros(chunk_mb * MiB // 4), total_mb // chunk_mb)
+    except RuntimeError as stopped:
+        if then == "raise":
+            from distlab.tools import comm
+
+            comm.forget_pending()
+            raise ValueError(f"caught: {stopped}") from None
+        return str(stopped)
+    return "not stopped"
+
+
+@pytest.mark.parametrize("then", ["raise", "return"])
+def test_a_pool_whose_network_a_flood_stopped_serves_the_next_run(small_caps, capfd, then):
+    verdict = f"rank 1 sent more than {CAP_MB} MiB that rank 0 has not received"
+    with distlab.Pool(2, backend="relay", launcher="fork") as pool:
+        if then == "raise":
+            with pytest.raises(distlab.RankError, match=verdict):
+                pool.run(flood_and_catch_the_verdict, 4 * CAP_MB, 4, then, timeout=120)
+        else:
+            assert all(verdict in said for said in pool.run(flood_and_catch_the_verdict, 4 * CAP_MB, 4, then,
+                                                            timeout=120))
+        got = pool.run(honest_exchange, 1024, 3, timeout=120)      # the same pool, an honest run
+    assert got == [[9.0] * 3] * 2        # (0 + s) + (1 + s) for s = 0, 1, 2: exact in float32
+    assert "the grader's network stopped the previous call" in capfd.readouterr().err
