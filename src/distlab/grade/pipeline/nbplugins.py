@@ -253,8 +253,13 @@ class CleanRoomTests(NbGraderPreprocessor):
         verdict comes back on another, never through a file its ranks could read or write
         (see :mod:`distlab.grade.boundary.cleanroom`). A verdict counts only if it exited with status 0.
         """
+        from distlab.relay import schedule
+
         processes.become_subreaper()
         budget = n_tests * self.test_timeout_s + 60
+        # The relay's seed goes in the job, never in the clean room's environment: its ranks are
+        # forked from it and would find it there (distlab.relay.schedule).
+        job = dict(job, relay_seed=schedule.seed_from_environment())
         with tempfile.TemporaryDirectory(prefix="distlab-cleanroom-") as room:
             os.chmod(room, 0o700)
             verdict_in, verdict_out = os.pipe()
@@ -268,7 +273,8 @@ class CleanRoomTests(NbGraderPreprocessor):
             argv = submission_caps.wrap_for_current(argv)
             drain = student_output.Drain("the clean room")   # what it prints is never nbgrader's own output
             try:
-                proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
+                proc = subprocess.Popen(argv, cwd=room, env=schedule.without_seed(os.environ),
+                                        start_new_session=True, stdin=subprocess.PIPE,
                                         stdout=drain.write_fd, stderr=drain.write_fd,
                                         pass_fds=(verdict_out,), preexec_fn=processes.die_with_parent)
             finally:
