@@ -2,7 +2,8 @@
 may have them, to catch solutions that work only by luck of timing.
 
 Off by default. With ``DISTLAB_RELAY_SEED=<n>`` in the environment of the process that runs the
-router (the grader's clean room, or a kernel), each message the router delivers waits first,
+router (a kernel, a script), or of the grading command (``python -m distlab.grade autograde``,
+which hands it to its clean rooms, below), each message the router delivers waits first,
 between 0 and :data:`MOST_DELAY_S` seconds drawn from a generator seeded with ``n``. Messages
 between *different* pairs of ranks then arrive in another order than they were sent; between one
 pair they never do: a message is never delivered before the one its sender sent to the same
