@@ -166,6 +166,48 @@ def test_functional_collectives_go_through_the_router_and_agree_with_gloo(relay_
     assert seen.collectives()[4].sent == tuple(48 if r == n - 1 else 0 for r in range(n))   # broadcast: the source
 
 
+def functional_variants_on_rank(seed):
+    """The functional collectives' in-place and ``_out`` variants (what torch.compile's passes
+    emit): each writes into a tensor the rank gives it."""
+    import torch.distributed._functional_collectives  # noqa: F401 - registers the ops' Python parts
+
+    ops, name = torch.ops._c10d_functional, dist.group.WORLD.group_name
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(12, generator=torch.Generator().manual_seed(seed + r))
+    out = {"all_gather_out": torch.empty(12 * n), "reduce_scatter_out": torch.empty(12 // n),
+           "all_reduce_": x.clone(), "broadcast_": x.clone(), "all_reduce_coalesced_": [x.clone(), 2 * x]}
+    ops.wait_tensor(ops.all_gather_into_tensor_out(x, n, name, out=out["all_gather_out"]))
+    ops.wait_tensor(ops.reduce_scatter_tensor_out(x, "sum", n, name, out=out["reduce_scatter_out"]))
+    ops.wait_tensor(ops.all_reduce_(out["all_reduce_"], "sum", name))
+    ops.wait_tensor(ops.broadcast_(out["broadcast_"], n - 1, name))
+    for t in ops.all_reduce_coalesced_(out["all_reduce_coalesced_"], "sum", name):
+        ops.wait_tensor(t)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_functional_out_and_in_place_variants_go_through_the_router_too(relay_pools, n):
+    with record.capture() as seen:
+        relayed = distlab.run(functional_variants_on_rank, 9, nprocs=n, backend="relay")
+    on_gloo = distlab.run(functional_variants_on_rank, 9, nprocs=n)
+    xs = [torch.randn(12, generator=torch.Generator().manual_seed(9 + r)) for r in range(n)]
+    total = sum(x.double() for x in xs).float()
+    for r, (mine, theirs) in enumerate(zip(relayed, on_gloo)):
+        assert torch.equal(mine["all_gather_out"], torch.cat(xs))            # copies: exact
+        assert torch.equal(mine["broadcast_"], xs[n - 1])
+        # Sums of n float32 terms in the router's order: within n * 6e-8 * max|x| (< 4.5) of float64's.
+        piece = 12 // n
+        torch.testing.assert_close(mine["reduce_scatter_out"], total[r * piece:(r + 1) * piece], rtol=0, atol=1e-5)
+        torch.testing.assert_close(mine["all_reduce_"], total, rtol=0, atol=1e-5)
+        torch.testing.assert_close(mine["all_reduce_"], theirs["all_reduce_"], rtol=0, atol=1e-5)
+        torch.testing.assert_close(mine["all_reduce_coalesced_"][1], 2 * total, rtol=0, atol=2e-5)
+    ops = [(c.op, c.sizes[0]) for c in seen.collectives()]
+    assert ops == [("all_gather", 48), ("reduce_scatter", 48), ("all_reduce", 48), ("broadcast", 0),
+                   ("all_reduce", 96)]
+    assert seen.collectives()[0].sent == ((n - 1) * 48,) * n       # comm_bytes: (N-1) * S, S = the input
+    assert seen.collectives()[4].sent == (all_reduce_bytes(96, n),) * n
+
+
 def dtensor_and_subgroups_on_rank():
     """A 2 x 2 device mesh (chapter 7's kind), a DTensor redistributed on one of its dimensions, a
     fully_shard'ed layer trained one step, and a group of two made with new_group: all on a

@@ -98,3 +98,60 @@ def test_the_same_seed_draws_the_same_delays(seed):
     first, second = schedule.Schedule(seed), schedule.Schedule(seed)
     draws = [[s._random.uniform(0, 1) for _ in range(5)] for s in (first, second)]
     assert draws[0] == draws[1]
+
+
+def peek_at_the_seed_then_race():
+    """What a rank could learn of the seed (to draw the router's delays itself), then the racy
+    exchange, to see that the delays still apply."""
+    import os
+
+    with open("/proc/self/environ", "rb") as first:
+        environ = first.read()
+    return schedule.VARIABLE in os.environ, schedule.VARIABLE.encode() in environ, exchange(True)
+
+
+def test_the_ranks_do_not_see_the_seed_and_its_delays_still_apply(monkeypatch):
+    racy = []
+    for seed in SEEDS:
+        results, seen = _run(monkeypatch, seed, peek_at_the_seed_then_race)
+        assert [found[:2] for found in results] == [(False, False)] * 2, f"a rank saw the seed {seed}"
+        assert seen.seeds == {seed}
+        racy.append(results[1][2])
+    assert any(got != [7.0] * 4 for got in racy), racy   # the delays made the racy solution fail
+
+
+SEED_PEEKING_CELL = '''
+def peek_at_the_seed():
+    import ctypes
+    import os
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)   # PR_SET_DUMPABLE: its own /proc files readable again
+    with open("/proc/self/environ", "rb") as first:
+        environ = first.read()
+    return "DISTLAB_RELAY_SEED" in os.environ, b"DISTLAB_RELAY_SEED" in environ
+'''
+SEED_TEST_CELL = '''
+import distlab
+from distlab.relay import record
+with record.capture() as seen:
+    found = distlab.run(peek_at_the_seed, nprocs=2, backend="relay", timeout=60)
+assert seen.seeds == {7}, f"the router's seeds: {seen.seeds}"
+assert found == [(False, False)] * 2, f"the ranks saw the seed: {found}"
+print("the seed stayed with the router")
+'''
+
+
+def test_graded_ranks_do_not_see_the_seed_the_instructor_grades_with(monkeypatch):
+    """The clean room, started as the grader starts it (in its sandbox where the machine has one),
+    with DISTLAB_RELAY_SEED=7 in the grader's environment: its router delays with 7, and neither
+    a rank's environment nor the first environment of its process (which a fork inherits from
+    the clean room; the rank makes itself dumpable again to read it) holds it."""
+    from distlab.grade.pipeline import nbplugins
+
+    monkeypatch.setenv(schedule.VARIABLE, "7")
+    job = {"cells": [{"grade_id": "answer", "source": SEED_PEEKING_CELL}, {"grade_id": "seed", "source": ""}],
+           "trusted_cells": [], "test_cells": [{"grade_id": "seed", "source": SEED_TEST_CELL}],
+           "caps": {"label": "this rank"}, "protected": [], "forbidden": [], "test_timeout": 240,
+           "assignment": "relay-seed"}
+    verdicts, problem = nbplugins.CleanRoomTests().run_clean_room(job, 1)
+    assert problem is None, problem
+    assert verdicts["seed"]["passed"], verdicts["seed"]["outputs"]

@@ -34,7 +34,10 @@ call it through the binding's trampoline, which knows only some of a Python grou
 (:meth:`RelayGroup.all_gather_single_coalesced`, :meth:`RelayGroup.reduce_scatter_single_coalesced`,
 each tensor a collective of its own); ``wait_tensor`` then waits on the :class:`Work` returned. So
 the group answers to its name (:meth:`RelayGroup.getGroupName`): a Python group has no C++
-backend from which torch could read it. ``new_group`` and device meshes need nothing shared
+backend from which torch could read it. Their in-place and ``_out`` variants (``all_reduce_``,
+``broadcast_``, ``reduce_scatter_tensor_out``, ...) take the same roads, except one:
+``all_gather_into_tensor_out``'s kernel asks the group for that C++ backend, so a rank that joins
+the relay gives the operator a kernel of its own (:func:`_all_gather_into_tensor_out`). ``new_group`` and device meshes need nothing shared
 either: their groups are made by every rank alike, named by their ranks, and never use the store.
 
 Not provided: ``recv`` from any source; it fails with an error instead of going around the router.
@@ -223,6 +226,33 @@ def _create(backend_options, _process_group_options=None) -> RelayGroup:
     return RelayGroup(backend_options.group_rank, backend_options.group_size, ranks, backend_options.group_id)
 
 
+_kernels: list = []   # the torch.library registrations this process made (kept alive: dropped, they end)
+
+
+def _all_gather_into_tensor_out(input, group_size, group_name, *, out):
+    """``torch.ops._c10d_functional.all_gather_into_tensor_out`` in a rank on the relay: torch's
+    kernel calls ``_allgather_base_`` on the group's C++ backend, which a Python group has not.
+    Here a relay group gathers as :meth:`RelayGroup.all_gather_single` does (and is recorded as
+    an ``all_gather``); any other group as torch's kernel would."""
+    import torch
+
+    group = dist.distributed_c10d._resolve_process_group(group_name)
+    work = group.all_gather_single(out, input) if isinstance(group, RelayGroup) else group._allgather_base(out, input)
+    torch._C._distributed_c10d._register_work(out, work)   # what wait_tensor(out) waits for
+    return out
+
+
+def _give_kernels() -> None:
+    """Register :func:`_all_gather_into_tensor_out` for the CPU and CUDA tensors of this process."""
+    import torch
+
+    if not _kernels:
+        library = torch.library.Library("_c10d_functional", "IMPL")
+        for device in ("CPU", "CUDA"):
+            library.impl("all_gather_into_tensor_out", _all_gather_into_tensor_out, device)
+        _kernels.append(library)
+
+
 def register() -> None:
     """Make ``"relay"`` a backend name ``torch.distributed`` knows (once per process)."""
     if NAME not in dist.Backend.backend_list:
@@ -234,6 +264,7 @@ def init_process_group(timeout=None) -> None:
     import datetime
 
     register()
+    _give_kernels()
     link()
     store = dist.HashStore()
     dist.init_process_group(NAME, store=store, rank=int(os.environ["RANK"]),

@@ -37,10 +37,25 @@ OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all
        "scatter", "barrier")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 REDUCTIONS = ("sum", "product", "min", "max", "avg", "band", "bor", "bxor")
+MOST_ERROR_CHARS = 500
+"""The longest error the router sends every rank of a group about a collective that failed."""
 
 
 class Mismatch(Exception):
     """The ranks of a group called different collectives, or with tensors that do not fit."""
+
+
+def wrong_call(op, reduction, root, ranks: list) -> str | None:
+    """Why a collective's header names no call the relay performs (checked when it arrives), or
+    ``None``. When the ranks of a group call different collectives, each is told what the others
+    called: only these names and numbers then reach it, never a string another rank chose."""
+    if op not in OPS:
+        return f"the relay does not perform {str(op)[:40]!r}"
+    if reduction not in REDUCTIONS:
+        return f"the relay does not perform the reduction {str(reduction)[:40]!r}"
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < len(ranks):
+        return f"{op}: root {str(root)[:40]} is not a rank of a group of {len(ranks)}"
+    return None
 
 
 def _reduce(tensors: list, reduction: str):

@@ -117,6 +117,34 @@ def decode(parts: list, payload) -> list:
     return tensors
 
 
+TAGS = range(-(1 << 31), 1 << 31)
+"""The tags torch's ``send`` takes: a C ``int``."""
+
+
+def wrong_envelope(tag, parts) -> str | None:
+    """Why a ``send`` frame's tag and parts are not what torch's ``send`` makes, or ``None``.
+
+    A message's payload is what the record counts (``nbytes``, the ``S`` of
+    :mod:`distlab.tools.comm_bytes`); what travels with it, the tag and the description of the
+    tensor, reaches the receiver too, uncounted. So the envelope is held to what an honest send
+    has: one tensor of a real dtype, a tag that fits torch's 32 bits. A rank cannot then move
+    data in a thousand empty parts or in a tag of a thousand digits; what is left is a few bytes
+    per message, and every chapter that checks bytes also checks the number of messages.
+    """
+    import torch
+
+    if isinstance(tag, bool) or not isinstance(tag, int) or tag not in TAGS:
+        return f"a tag of {str(tag)[:40]!r} (torch's tags are 32-bit integers)"
+    if not isinstance(parts, list) or len(parts) != 1:
+        count = len(parts) if isinstance(parts, list) else "no list of"
+        return f"{count} tensors in one message (a send carries one tensor)"
+    part = parts[0]
+    if not (isinstance(part, list) and len(part) == 2 and isinstance(part[0], str)
+            and isinstance(getattr(torch, part[0], None), torch.dtype)):
+        return f"a tensor described as {str(part)[:80]!r}"
+    return None
+
+
 def flat_parts(parts) -> list:
     """``parts`` with every shape flattened to its number of elements: a receiver copies into its
     own tensor's shape anyway, and a shape (of an empty tensor, say) must not carry data."""

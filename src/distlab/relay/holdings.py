@@ -15,6 +15,14 @@ grader would hold it all. So the router counts, per rank:
   of the payload is read);
 * what is *queued for* it: written by the router, not yet read by the rank.
 
+Bytes here are whole frames (:mod:`distlab.relay.frames`): the prefix, the header (the tag, the
+tensor's description, anything else the rank wrote there) and the payload, everything a rank
+made the router read. The record (:mod:`distlab.relay.record`) counts payloads only, the bytes
+:mod:`distlab.tools.comm_bytes` calls ``S``, because the exercises' rules are stated in those
+(chapter 2's chunks, chapter 8's ``ring_bytes_per_step``); the caps count what the router and
+the receiver really hold. So empty messages are bounded twice: by number
+(:data:`MOST_UNRECEIVED_MESSAGES`) and by bytes, however large the headers their sender wrote.
+
 :func:`Holdings.refusal` checks a new frame against :data:`MOST_HELD_PER_RANK`,
 :data:`MOST_UNRECEIVED_MESSAGES` and :data:`MOST_HELD_TOTAL` and returns the verdict when it
 passes one (``rank 1 sent more than 256 MiB that rank 0 has not received yet (its send to rank
@@ -54,8 +62,8 @@ class Holdings:
         self.waiting, self.queued, self.reading = dict.fromkeys(n, 0), dict.fromkeys(n, 0), dict.fromkeys(n, 0)
 
     def refusal(self, rank: int, header: dict, size: int) -> str | None:
-        """Why rank ``rank``'s new frame (``header``, a payload of ``size`` bytes) must not be held, or
-        ``None``: then its payload is counted as being read until :meth:`read`."""
+        """Why rank ``rank``'s new frame (``header``; ``size`` bytes in all) must not be held, or
+        ``None``: then it is counted as being read until :meth:`read`."""
         what, cap = operation(header), MOST_HELD_PER_RANK // MiB
         if size > MOST_HELD_PER_RANK:
             return (f"rank {rank} announced a message of {size // MiB} MiB ({what}); the grader's network "
@@ -87,7 +95,7 @@ class Holdings:
         return max(late, key=late.get) if late else src
 
     def sent(self, src: int, dst: int, size: int) -> None:
-        """Rank ``src`` sent ``size`` bytes to ``dst``: held for ``src`` until :meth:`took`."""
+        """Rank ``src`` sent a frame of ``size`` bytes to ``dst``: held for ``src`` until :meth:`took`."""
         self._count(src, dst, size, 1)
 
     def took(self, src: int, dst: int, size: int) -> None:

@@ -71,7 +71,7 @@ class Router:
         self._inbound = {rank: _Inbound() for rank in range(nprocs)}
         self._outbound = {rank: deque() for rank in range(nprocs)}
         self._pending: dict[tuple, dict] = {}
-        self._untaken: dict[int, tuple] = {}    # a message's number -> (sender, receiver, the sender's number, bytes)
+        self._untaken: dict[int, tuple] = {}    # a message's number -> (sender, receiver, the sender's number, frame bytes)
         self._order = 0
         self.schedule = schedule.from_environment()                 # None: every message at once
         self._held = holdings.Holdings(nprocs)                       # what is held for whom, and the caps
@@ -170,7 +170,8 @@ class Router:
                 if len(state.prefix) < head + state.header_length or len(state.prefix) < head:
                     return True
                 state.header = frames.parse_header(state.prefix[head:])
-                state.buffer, state.got = self._payload_buffer(rank, state.header, state.payload_length), 0
+                state.buffer, state.got = self._payload_buffer(rank, state.header, state.payload_length,
+                                                               len(state.prefix) + state.payload_length), 0
             if state.got < state.payload_length:
                 if state.buffer is None:
                     n = sock.recv_into(_DISCARD, min(len(_DISCARD), state.payload_length - state.got))
@@ -180,12 +181,12 @@ class Router:
                     return self._hang_up(rank)
                 state.got += n
             if state.header is not None and state.got == state.payload_length:
-                header, payload = state.header, state.buffer
+                header, payload, frame = state.header, state.buffer, len(state.prefix) + state.payload_length
                 self._inbound[rank] = _Inbound()
                 self._held.read(rank)
                 if payload is not None and self.stopped is None:
                     try:
-                        self._handle(rank, header, payload)
+                        self._handle(rank, header, payload, frame)
                     except Exception as exc:  # noqa: BLE001 - a rank's odd frame must not end the router
                         self._queue(rank, {"k": "error", "message": f"a frame the router could not use ({exc})"},
                                     b"")
@@ -195,12 +196,13 @@ class Router:
         except (OSError, MemoryError, frames.BrokenFrame):   # gone, or not speaking frames
             return self._hang_up(rank)
 
-    def _payload_buffer(self, rank: int, header: dict, size: int) -> bytearray | None:
-        """Where the payload of the frame whose header just came goes: a buffer, or ``None`` (read
-        and dropped) when the run is stopped or holding it would pass a cap (which stops it)."""
+    def _payload_buffer(self, rank: int, header: dict, size: int, frame: int) -> bytearray | None:
+        """Where the ``size`` bytes of payload of the frame whose header just came go (``frame``: the
+        whole frame's bytes): a buffer, or ``None`` (read and dropped) when the run is stopped or
+        holding the frame would pass a cap (which stops it)."""
         if self.stopped is not None:
             return None
-        why = self._held.refusal(rank, header, size)
+        why = self._held.refusal(rank, header, frame)
         if why is not None:
             self._stop(why)
             return None
@@ -260,17 +262,22 @@ class Router:
         self._order += 1
         return self._order
 
-    def _handle(self, rank: int, header: dict, payload: bytearray) -> None:
+    def _handle(self, rank: int, header: dict, payload: bytearray, frame: int) -> None:
+        """Act on rank ``rank``'s complete frame (``frame``: its bytes, header and all)."""
         kind = header.get("k")
         if kind == "send":
             dst, tag, parts = header.get("dst"), header.get("tag", 0), header.get("parts", [])
-            if not isinstance(dst, int) or not 0 <= dst < self.nprocs or dst == rank or not isinstance(tag, int):
+            if not isinstance(dst, int) or not 0 <= dst < self.nprocs or dst == rank:
                 self._queue(rank, {"k": "error", "message": f"rank {rank} cannot send to {dst!r}"}, b"")
+                return
+            wrong = frames.wrong_envelope(tag, parts)
+            if wrong is not None:
+                self._queue(rank, {"k": "error", "message": f"rank {rank}'s send to rank {dst}: {wrong}"}, b"")
                 return
             ref = self._next()
             record.publish(record.Message(rank, dst, len(payload), tag, ref))
-            self._untaken[ref] = (rank, dst, header.get("id"), len(payload))
-            self._held.sent(rank, dst, len(payload))
+            self._untaken[ref] = (rank, dst, header.get("id"), frame)
+            self._held.sent(rank, dst, frame)
             message = {"k": "msg", "src": rank, "tag": tag, "parts": frames.flat_parts(parts), "ref": ref}
             if self.schedule is not None:      # seeded delays (distlab.relay.schedule)
                 self.schedule.hold(rank, dst, (dst, message, payload))
@@ -283,27 +290,31 @@ class Router:
                 self._held.took(sender[0], rank, sender[3])     # no longer held for the sender
                 self._queue(sender[0], {"k": "taken", "id": sender[2]}, b"")   # its send completes
         elif kind == "coll":
-            self._collective(rank, header, payload)
+            self._collective(rank, header, payload, frame)
         else:
             self._queue(rank, {"k": "error", "message": f"unknown frame {kind!r}"}, b"")
 
-    def _collective(self, rank: int, header: dict, payload: bytearray) -> None:
+    def _collective(self, rank: int, header: dict, payload: bytearray, frame: int) -> None:
         ranks = header.get("ranks") or list(range(self.nprocs))
         if not isinstance(ranks, list) or rank not in ranks or len(set(ranks)) != len(ranks) \
                 or not all(isinstance(r, int) and 0 <= r < self.nprocs for r in ranks):
             self._queue(rank, {"k": "error", "message": f"rank {rank} is not in the group {ranks!r}"}, b"")
             return
+        wrong = collectives.wrong_call(header.get("op"), header.get("reduction", "sum"), header.get("root", 0), ranks)
+        if wrong is not None:      # refused here: what reaches the other ranks is one of the relay's names
+            self._queue(rank, {"k": "error", "message": f"rank {rank}: {wrong}"}, b"")
+            return
         key = (header.get("group"), tuple(ranks), header.get("seq"))
         waiting = self._pending.setdefault(key, {})
         if rank in waiting:                       # the same call twice: the first is replaced
-            self._held.waiting[rank] -= len(waiting[rank][1])
-        waiting[rank] = (header, payload)
-        self._held.waiting[rank] += len(payload)
+            self._held.waiting[rank] -= waiting[rank][2]
+        waiting[rank] = (header, payload, frame)
+        self._held.waiting[rank] += frame
         if len(waiting) < len(ranks):
             return
         del self._pending[key]
         for r in ranks:
-            self._held.waiting[r] -= len(waiting[r][1])
+            self._held.waiting[r] -= waiting[r][2]
         reply = {"k": "done", "group": header.get("group"), "seq": header.get("seq")}
         try:
             first = waiting[ranks[0]][0]
@@ -318,8 +329,8 @@ class Router:
             op, root = first.get("op"), first.get("root", 0)
             outputs = collectives.perform(op, contributions, first.get("reduction", "sum"), root)
         except (collectives.Mismatch, frames.BrokenFrame, RuntimeError, TypeError) as exc:
-            for r in ranks:
-                self._queue(r, dict(reply, k="error", message=str(exc)), b"")
+            for r in ranks:      # the others' shapes, for the student: a few lines, not a channel
+                self._queue(r, dict(reply, k="error", message=str(exc)[:collectives.MOST_ERROR_CHARS]), b"")
             return
         sizes = [len(waiting[r][1]) for r in ranks]
         n = len(ranks)

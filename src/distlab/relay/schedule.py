@@ -2,7 +2,8 @@
 may have them, to catch solutions that work only by luck of timing.
 
 Off by default. With ``DISTLAB_RELAY_SEED=<n>`` in the environment of the process that runs the
-router (the grader's clean room, or a kernel), each message the router delivers waits first,
+router (a kernel, a script), or of the grading command (``python -m distlab.grade autograde``,
+which hands it to its clean rooms, below), each message the router delivers waits first,
 between 0 and :data:`MOST_DELAY_S` seconds drawn from a generator seeded with ``n``. Messages
 between *different* pairs of ranks then arrive in another order than they were sent; between one
 pair they never do: a message is never delivered before the one its sender sent to the same
@@ -13,10 +14,17 @@ What it catches: a receive whose buffer is read before ``wait()`` (it holds the 
 the message happened to arrive first), a ``recv`` from the wrong rank that works because that
 rank usually sends first, a barrier left out between phases. A solution correct under every
 schedule passes under every seed; the same seed gives the same delays for the same messages, so
-a failure can be replayed. The seed is not a secret: it changes when messages arrive, not what
-a correct solution computes. Why off by default: every delayed message makes a graded run
+a failure can be replayed. Why off by default: every delayed message makes a graded run
 longer, and the course's figures (``benchmarks/autograde.py``) are for the plain relay; a course
 that wants it grades with a few seeds, one run each, and keeps the seed of each in its log.
+
+The ranks never see the seed. With it, a rank could draw the same delays and know which of its
+messages will be late: a solution could then wait exactly where this run needs it and pass by
+luck that it computed in advance. So only the router's process knows it: a launcher leaves
+:data:`VARIABLE` out of every rank's environment (:func:`without_seed`), and the grader does not
+put it in the clean room's environment at all (a forked process keeps showing its parent's
+first environment in ``/proc/self/environ``, and the clean room's ranks descend from it by
+forks): the seed travels in the clean room's job, on a pipe, and :func:`choose` sets it there.
 """
 
 from __future__ import annotations
@@ -31,10 +39,31 @@ MOST_DELAY_S = 0.05
 """The longest a message waits before the router delivers it."""
 
 
-def from_environment() -> "Schedule | None":
-    """The schedule ``$DISTLAB_RELAY_SEED`` asks for, or ``None`` (deliver at once)."""
+_chosen: int | None = None   # the seed the clean room's job named (see choose)
+
+
+def seed_from_environment() -> int | None:
+    """The seed ``$DISTLAB_RELAY_SEED`` names in this process's environment, or ``None``."""
     seed = os.environ.get(VARIABLE, "").strip()
-    return Schedule(int(seed)) if seed else None
+    return int(seed) if seed else None
+
+
+def choose(seed: int | None) -> None:
+    """Delay every router this process makes from now on with ``seed`` (``None``: as the environment
+    says): how the clean room, whose environment never holds the seed, is given it."""
+    global _chosen
+    _chosen = None if seed is None else int(seed)
+
+
+def without_seed(env: dict) -> dict:
+    """``env`` without the seed: the environment a launcher may hand to an agent and its ranks."""
+    return {name: value for name, value in env.items() if name != VARIABLE}
+
+
+def from_environment() -> "Schedule | None":
+    """The schedule of the chosen seed, or else of ``$DISTLAB_RELAY_SEED``; ``None``: deliver at once."""
+    seed = _chosen if _chosen is not None else seed_from_environment()
+    return Schedule(seed) if seed is not None else None
 
 
 class Schedule:

@@ -14,8 +14,10 @@ Each call behaves like :func:`distlab.run`: live ``[rank k]`` output, :class:`Ra
 that raised on some ranks and returned on the others, every rank outside any distributed
 call, leaves the ranks as fit as a success does, and they stay (a typo costs no restart).
 After any other failure (a rank blocked in a collective, one that died, a timeout) the ranks
-are stopped: a process group that lost a collective halfway cannot be trusted. The next call
-then starts fresh ranks by itself and says so.
+are stopped: a process group that lost a collective halfway cannot be trusted. So are ranks
+whose network the relay's router stopped (a rank passed one of its caps), even when every rank
+caught that and returned: their links to the router stay broken. The next call then starts
+fresh ranks by itself and says so.
 
 Between calls, each rank puts back what :mod:`distlab.runtime.isolation` lists (patched torch
 functions, torch settings) and re-seeds its random generators; modules stay imported and
@@ -162,10 +164,11 @@ class Pool:
         try:
             results = self.job.wait(call_dir, timeout)
         except RankError:
-            if self.job.watcher.ranks_can_go_on():   # every rank finished the call: keep them
+            if self.job.watcher.ranks_can_go_on() and not self._network_stopped():   # keep them
                 files.remove_call(self.run_dir, call_dir)
                 raise
-            self.restart_reason = "the previous call failed, and a process group that lost a collective cannot be trusted"
+            self.restart_reason = self._network_stopped() or \
+                "the previous call failed, and a process group that lost a collective cannot be trusted"
             self._discard()
             raise
         except DistTimeout:
@@ -177,7 +180,18 @@ class Pool:
             self._discard()
             raise
         files.remove_call(self.run_dir, call_dir)
+        if self._network_stopped():         # the ranks caught the router's verdict and returned
+            self.restart_reason = self._network_stopped()
+            self._discard()
         return results
+
+    def _network_stopped(self) -> str | None:
+        """Why the relay's router stopped this pool's network, or ``None`` (not stopped, or not on
+        the relay). A router stops for good when a rank passes one of its caps
+        (:mod:`distlab.relay.holdings`): every rank's link to it is broken from then on, so the
+        next call needs fresh ranks, however cleanly the ranks left this one."""
+        stopped = getattr(getattr(self.job, "router", None), "stopped", None)
+        return f"the grader's network stopped the previous call: {stopped}" if stopped else None
 
 
 def active_pool(nprocs: int, backend, threads, launcher: str) -> Pool | None:

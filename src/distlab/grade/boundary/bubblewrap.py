@@ -61,10 +61,11 @@ SANDBOX_VARIABLE = "DISTLAB_GRADE_SANDBOX"
 PASSED_VARIABLES = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "OMP_NUM_THREADS",
                     "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME",
                     "DISTLAB_GRADE_KERNEL", "DISTLAB_THREADS", "DISTLAB_BACKEND", "DISTLAB_PG_TIMEOUT",
-                    "DISTLAB_START_TIMEOUT", "DISTLAB_MAX_OUTPUT_BYTES", "DISTLAB_CORPUS", "DISTLAB_RANK_ROOM",
-                    "DISTLAB_RELAY_SEED"}
+                    "DISTLAB_START_TIMEOUT", "DISTLAB_MAX_OUTPUT_BYTES", "DISTLAB_CORPUS", "DISTLAB_RANK_ROOM"}
 """Variables the sandbox keeps; the rest of the grader's environment (tokens, passwords, Slurm's
-job variables: inside, ranks start locally) stays out."""
+job variables: inside, ranks start locally) stays out. So does the relay's seed
+(``DISTLAB_RELAY_SEED``): the ranks must not know it, and the clean room gets it in its job
+(:mod:`distlab.relay.schedule`)."""
 PASSED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "NVIDIA_")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",

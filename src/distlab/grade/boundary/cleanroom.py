@@ -29,7 +29,9 @@ in this process's memory, and this process is not dumpable.
 
 Nothing the student's kernel did reaches this process, so monkey-patching ``torch.allclose``
 or ``distlab.grade.checks`` there, or silencing tracebacks, changes nothing here. Hidden tests
-draw their inputs from a seed chosen here (:mod:`distlab.grade.boundary.seed`).
+draw their inputs from a seed chosen here (:mod:`distlab.grade.boundary.seed`); the relay's
+seed, when the instructor grades with one, comes in the job, never in this process's
+environment, which its ranks would inherit (:mod:`distlab.relay.schedule`).
 
 When everything is done, every process left below this one is killed (this process is a
 child subreaper, so escaped grandchildren are below it too), and only then is the verdict
@@ -229,10 +231,12 @@ def grade(job: dict) -> dict:
     """Run every test cell of the job's notebook; return ``{grade_id: {"passed", "outputs"}}``."""
     import distlab
     from distlab.grade.boundary import rank_room, safeload, sandbox, seed
+    from distlab.relay import schedule
     from distlab.runtime import options, serialize
     from distlab.runtime import run as run_module
 
     seed.draw_fresh()
+    schedule.choose(job.get("relay_seed"))   # the relay's delays: the seed only this process knows
     serialize.loads = safeload.loads  # results of student code: data only (see safeload)
     real_run = run_module.run
     caps = job["caps"]

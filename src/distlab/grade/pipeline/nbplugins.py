@@ -51,6 +51,7 @@ from distlab.grade.boundary import (
 from distlab.grade.boundary.kernel_sockets import PrivateSocketsKernelManager, use_private_sockets
 from distlab.grade.pipeline.save_grades import SaveAutoGradesAtOnce  # noqa: F401 - its own module; named here for the config
 from distlab.grade.pipeline.source_rules import forbidden_in_source
+from distlab.relay import schedule
 from distlab.runtime import processes
 
 
@@ -106,8 +107,7 @@ class GradingKernelManager(PrivateSocketsKernelManager):
         # sandbox's keeper ends the kernel with the grader), and no "Ctrl-C will not work" banner.
         sandboxed = bubblewrap.command(argv, writable=[self.sockets_folder, self.kernel_cwd], cwd=self.kernel_cwd,
                                        env={"JPY_PARENT_PID": "1"})
-        # its keeper (in the capped folders' mount namespace: the grader reaches the sockets through
-        # it) ends it when nbgrader dies, however (distlab.grade.boundary.sandbox_keeper)
+        # its keeper ends it when nbgrader dies (inside the capped folders, where the sockets are reached)
         kept = sandbox_keeper.wrap(sandboxed, self.leash.read_fd)
         # its folder and its sockets' folder: memory file systems of their own, capped in bytes and files
         return submission_caps.wrap_for_current(scratch.wrap(kept, [self.kernel_cwd], sockets=self.sockets_folder))
@@ -271,6 +271,8 @@ class CleanRoomTests(NbGraderPreprocessor):
         """
         processes.become_subreaper()
         budget = n_tests * self.test_timeout_s + 60
+        # the relay's seed goes in the job: ranks forked from the clean room would find it in its environment
+        job = dict(job, relay_seed=schedule.seed_from_environment())
         with tempfile.TemporaryDirectory(prefix="distlab-cleanroom-") as room:
             os.chmod(room, 0o700)
             verdict_in, verdict_out = os.pipe()
@@ -279,15 +281,15 @@ class CleanRoomTests(NbGraderPreprocessor):
             if bubblewrap.enabled():  # its ranks run student code: inside the boundary, with it
                 bubblewrap.hand_over(room)
                 argv = scratch.wrap(bubblewrap.command(argv, writable=[room], cwd=room), [room])
-            # Its own session (the grader can end it and its ranks as one group), and it ends
-            # with us, however we end: if the grader is killed, nothing it started grades on.
+            # its own session (ended as one group), and a keeper: if the grader dies, nothing it started grades on
             leash = sandbox_keeper.Leash()
             argv = submission_caps.wrap_for_current(sandbox_keeper.wrap(argv, leash.read_fd))
             drain = student_output.Drain("the clean room")   # what it prints is never nbgrader's own output
             options = leash.popen_options()
             options["pass_fds"] += (verdict_out,)
             try:
-                proc = subprocess.Popen(argv, cwd=room, start_new_session=True, stdin=subprocess.PIPE,
+                proc = subprocess.Popen(argv, cwd=room, env=schedule.without_seed(os.environ),
+                                        start_new_session=True, stdin=subprocess.PIPE,
                                         stdout=drain.write_fd, stderr=drain.write_fd, **options)
             finally:
                 os.close(verdict_out)  # the clean room holds the only write end now

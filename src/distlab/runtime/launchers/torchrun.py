@@ -57,9 +57,12 @@ def agent_environment(run_dir: Path, backend: str | None, threads: int | None) -
     This process's environment, the workers' variables, ``TMPDIR`` pointing into the run
     directory (torchrun's temporary files are deleted with it; the worker gives the user's code
     its own ``TMPDIR`` back, ``DISTLAB_USER_TMPDIR``), and the run's tag, which every process
-    of the run inherits (:data:`distlab.runtime.processes.TAG_VARIABLE`).
+    of the run inherits (:data:`distlab.runtime.processes.TAG_VARIABLE`). Never the relay's seed,
+    which only the router's process may know (:mod:`distlab.relay.schedule`).
     """
-    env = dict(os.environ, **worker_environment(backend, threads))
+    from distlab.relay import schedule
+
+    env = dict(schedule.without_seed(os.environ), **worker_environment(backend, threads))
     env.update(TMPDIR=str(run_dir), DISTLAB_USER_TMPDIR=os.environ.get("TMPDIR", ""))
     env[TAG_VARIABLE] = str(run_dir)
     return env
