@@ -74,7 +74,7 @@ class CappedChannel(AsyncZMQSocketChannel):
         super().__init__(socket, session, loop)
         self.refused = 0
         address = f"inproc://distlab-monitor-{id(self)}"
-        socket.monitor(address, zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        socket.monitor(address, zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
         # a socket of the client's context (which closes it with the rest), read without asyncio
         self._monitor_socket = socket.context.socket(zmq.PAIR)
         self._monitor_socket.linger = 0
@@ -90,10 +90,15 @@ class CappedChannel(AsyncZMQSocketChannel):
     def _connect_again(self, endpoint: str) -> None:
         """Connect again and wait until the connection is made (a SUB socket's subscription
         leaves right after; what the kernel publishes before that is lost, the next cell's
-        output included), at most :data:`RECONNECT_SECONDS`."""
+        output included), at most :data:`RECONNECT_SECONDS`; each connection dropped counts in
+        :attr:`refused`. Nothing listening at the endpoint (ZeroMQ retries) means the kernel is
+        gone, and the proxy in front of it with it: its connections ended with it, nothing was
+        refused, and there is nothing to wait for (it was :data:`RECONNECT_SECONDS` per channel,
+        after every cell, once a kernel had been killed, and a note of a refused message)."""
         deadline = time.monotonic() + RECONNECT_SECONDS
+        dropped = 0
         while True:
-            self.refused += 1
+            dropped += 1
             try:
                 self.socket.disconnect(endpoint)
             except zmq.ZMQError:
@@ -105,10 +110,14 @@ class CappedChannel(AsyncZMQSocketChannel):
                 event = recv_monitor_message(self._monitor)
                 if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     time.sleep(CHECK_SECONDS)   # the subscription, on its way to the kernel
+                    self.refused += dropped
                     return
                 if event["event"] == zmq.EVENT_DISCONNECTED:   # refused again, or the kernel is gone
                     break
+                if event["event"] == zmq.EVENT_CONNECT_RETRIED:   # no one listens there: the kernel is gone
+                    return
             else:
+                self.refused += dropped
                 return
 
     async def get_msg(self, timeout: float | None = None):
