@@ -182,16 +182,23 @@ def explain(cell, client) -> None:
         cell.setdefault("outputs", []).append(NotebookNode({"output_type": "stream", "name": "stderr", "text": NOTE}))
 
 
-def only_output_lost(exc: Exception, cell, client) -> bool:
+def only_output_lost(exc: Exception, cell, client, answered: bool = True) -> bool:
     """Whether ``exc``, raised while ``cell`` ran, means only that the cell's last messages were
-    lost with a refused one: the kernel answered (nbclient waits for the rest of the output only
-    once it has), but its "idle" status never came. Then :func:`explain` has noted it in ``cell``,
-    and the kernel is fine for the next cell."""
+    lost with a refused one: the kernel answered, but its "idle" status never came. Then
+    :func:`explain` has noted it in ``cell``, and the kernel is fine for the next cell.
+
+    ``answered``: whether the kernel answered the cell at all. Past the cell's time limit
+    nbclient makes an error reply up itself (nbgrader's ``interrupt_on_timeout``) and then waits
+    for the output as if the kernel had answered; a refusal then had the whole time limit to
+    arrive, so it is looked for without waiting :data:`LATE_REFUSAL_SECONDS` more (a kernel
+    that cannot reply, builtins replaced, cost 30 s more than its time limit)."""
     from nbclient.exceptions import CellTimeoutError
 
     if not isinstance(exc, CellTimeoutError) or "Timeout waiting for IOPub output" not in str(exc):
         return False
-    if not (isinstance(client, CappedKernelClient) and client.refused_within(LATE_REFUSAL_SECONDS)):
+    if not isinstance(client, CappedKernelClient):
+        return False
+    if not (client.refused_within(LATE_REFUSAL_SECONDS) if answered else client.take_refused()):
         return False
     from nbformat.notebooknode import NotebookNode
 
