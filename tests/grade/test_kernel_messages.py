@@ -28,11 +28,18 @@ ATTACKS = {
                  '        return "<b>shown</b>"\n    def __repr__(self):\n        return "\'shown\'"\ndisplay(Shown())',
                  'for i in range(200):\n    print(f"line {i}", flush=True)',
                  'import sys\nsys.stdout.write("m" * (6 * 2**20))\nsys.stdout.flush()'],
+    # grader/hostile/kill_kernel.py: the kernel kills itself; the cells after it are not run there
+    "killed": 'import os, signal\nos.kill(os.getpid(), signal.SIGKILL)',
+    # grader/hostile/patch_builtins.py: the kernel can no longer reply to anything
+    "no answer": 'import builtins\nbuiltins.isinstance = lambda *args: True',
 }
+CELL_TIMEOUT_S = {"no answer": 10}
+"""The harness's per-cell time limit (nbgrader's Execute.timeout), where it is not 120 s."""
 
-RUN = "ATTACKS = " + repr(ATTACKS) + r'''
+RUN = f"ATTACKS = {ATTACKS!r}\nCELL_TIMEOUT_S = {CELL_TIMEOUT_S}" + r'''
 import json, sys, time
 import nbformat
+from nbclient.exceptions import DeadKernelError
 from nbconvert.preprocessors import ExecutePreprocessor
 from distlab.grade.boundary import kernel_messages, kernel_proxy
 from distlab.grade.boundary.kernel_sockets import PrivateSocketsKernelManager
@@ -58,23 +65,38 @@ class Execute(ExecutePreprocessor):   # as distlab.grade.pipeline.nbplugins.Kern
         finally:
             seconds.append(time.monotonic() - start)
 
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self.unanswered = True
+        return await super()._async_handle_timeout(timeout, cell)
+
     def _run_cell(self, cell, resources, index):
+        if dead:   # as KernelExecute once its kernel died: the cell is not run, its messages looked at
+            kernel_messages.explain(cell, self.kc)
+            return cell, resources
+        self.unanswered = False
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
+        except DeadKernelError:
+            dead.append(index)
+            return cell, resources
         except Exception as exc:
-            if not kernel_messages.only_output_lost(exc, cell, self.kc):
-                raise
+            if not kernel_messages.only_output_lost(exc, cell, self.kc, answered=not self.unanswered):
+                if not self.unanswered:
+                    raise
+                dead.append(index)   # it stopped responding
             return cell, resources
         kernel_messages.explain(cell, self.kc)
         return cell, resources
 
 cells = ATTACKS[attack] if isinstance(ATTACKS[attack], list) else [ATTACKS[attack]]
 nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells + ['print("after", 6 * 7)']])
-seconds = []
-Execute(kernel_manager_class=Manager, timeout=120, kernel_name="python3",
-        raise_on_iopub_timeout=True).preprocess(nb, {})   # nbgrader's setting
+seconds, dead = [], []
+Execute(kernel_manager_class=Manager, timeout=CELL_TIMEOUT_S.get(attack, 120), kernel_name="python3", raise_on_iopub_timeout=True,
+        interrupt_on_timeout=True, error_on_timeout={"ename": "CellTimeoutError", "evalue": "", "traceback": []},
+        ).preprocess(nb, {})   # nbgrader's settings
 peak_kib = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
-print(json.dumps({"peak_mb": peak_kib / 1024, "outputs": [c.outputs for c in nb.cells], "seconds": seconds}))
+print(json.dumps({"peak_mb": peak_kib / 1024, "outputs": [c.outputs for c in nb.cells], "seconds": seconds,
+                  "dead": dead}))
 '''
 
 
@@ -133,3 +155,36 @@ def test_ordinary_outputs_pass_the_proxy_whole_and_a_message_of_one_large_part_i
     assert [o["text"] for o in over] == [kernel_messages.NOTE], over
     # nbclient waits 4 s (its iopub_timeout) for an idle status that never comes; it came
     assert proxied["seconds"][3] < 4, proxied["seconds"]
+
+
+@pytest.mark.timeout(600)
+def test_once_the_kernel_is_gone_no_cell_waits_to_connect_to_it_again():
+    """grader/hostile/kill_kernel.py: the kernel died, its connections with it. The grader's
+    channels connect again after a dropped connection (a refused message drops one), and the
+    proxy waited for the kernel's sockets as if the kernel were still starting: each cell after
+    the kernel's death waited RECONNECT_SECONDS per channel (40 s for the one cell here), and
+    counted each dropped connection as a refused message (a false note in the cell; in a
+    markdown cell, an invalid notebook). A kernel socket that worked once and now refuses
+    means the kernel is gone: no wait, no note."""
+    from distlab.grade.boundary import kernel_messages
+
+    for mode in ("proxied", "capped"):   # through the proxy, as the grader runs; and straight to the kernel
+        run = _run(mode, "killed")
+        assert run["dead"] == [0], run
+        assert run["outputs"][1] == [], run["outputs"]
+        assert run["seconds"][1] < kernel_messages.RECONNECT_SECONDS / 2, (mode, run["seconds"])
+
+
+@pytest.mark.timeout(600)
+def test_a_cell_the_kernel_never_answers_costs_its_time_limit_not_a_wait_for_a_refusal_too():
+    """grader/hostile/patch_builtins.py: the kernel cannot reply. Past the time limit nbclient
+    makes the reply up and waits 4 s for output that never comes; the grader then waited
+    LATE_REFUSAL_SECONDS (30 s) more for a refused message, which had had the whole time limit
+    to arrive: it looks once, without waiting."""
+    from distlab.grade.boundary import kernel_messages
+
+    run = _run("proxied", "no answer")
+    assert run["dead"] == [0], run
+    assert kernel_messages.NOTE not in json.dumps(run["outputs"]), run["outputs"]
+    # time limit + nbclient's iopub_timeout (4 s) + slack for a loaded machine, under the old 30 s more
+    assert run["seconds"][0] < CELL_TIMEOUT_S["no answer"] + 4 + kernel_messages.LATE_REFUSAL_SECONDS / 2, run["seconds"]

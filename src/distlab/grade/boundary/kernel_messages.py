@@ -74,7 +74,7 @@ class CappedChannel(AsyncZMQSocketChannel):
         super().__init__(socket, session, loop)
         self.refused = 0
         address = f"inproc://distlab-monitor-{id(self)}"
-        socket.monitor(address, zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        socket.monitor(address, zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
         # a socket of the client's context (which closes it with the rest), read without asyncio
         self._monitor_socket = socket.context.socket(zmq.PAIR)
         self._monitor_socket.linger = 0
@@ -90,10 +90,15 @@ class CappedChannel(AsyncZMQSocketChannel):
     def _connect_again(self, endpoint: str) -> None:
         """Connect again and wait until the connection is made (a SUB socket's subscription
         leaves right after; what the kernel publishes before that is lost, the next cell's
-        output included), at most :data:`RECONNECT_SECONDS`."""
+        output included), at most :data:`RECONNECT_SECONDS`; each connection dropped counts in
+        :attr:`refused`. Nothing listening at the endpoint (ZeroMQ retries) means the kernel is
+        gone, and the proxy in front of it with it: its connections ended with it, nothing was
+        refused, and there is nothing to wait for (it was :data:`RECONNECT_SECONDS` per channel,
+        after every cell, once a kernel had been killed, and a note of a refused message)."""
         deadline = time.monotonic() + RECONNECT_SECONDS
+        dropped = 0
         while True:
-            self.refused += 1
+            dropped += 1
             try:
                 self.socket.disconnect(endpoint)
             except zmq.ZMQError:
@@ -105,10 +110,14 @@ class CappedChannel(AsyncZMQSocketChannel):
                 event = recv_monitor_message(self._monitor)
                 if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     time.sleep(CHECK_SECONDS)   # the subscription, on its way to the kernel
+                    self.refused += dropped
                     return
                 if event["event"] == zmq.EVENT_DISCONNECTED:   # refused again, or the kernel is gone
                     break
+                if event["event"] == zmq.EVENT_CONNECT_RETRIED:   # no one listens there: the kernel is gone
+                    return
             else:
+                self.refused += dropped
                 return
 
     async def get_msg(self, timeout: float | None = None):
@@ -173,16 +182,23 @@ def explain(cell, client) -> None:
         cell.setdefault("outputs", []).append(NotebookNode({"output_type": "stream", "name": "stderr", "text": NOTE}))
 
 
-def only_output_lost(exc: Exception, cell, client) -> bool:
+def only_output_lost(exc: Exception, cell, client, answered: bool = True) -> bool:
     """Whether ``exc``, raised while ``cell`` ran, means only that the cell's last messages were
-    lost with a refused one: the kernel answered (nbclient waits for the rest of the output only
-    once it has), but its "idle" status never came. Then :func:`explain` has noted it in ``cell``,
-    and the kernel is fine for the next cell."""
+    lost with a refused one: the kernel answered, but its "idle" status never came. Then
+    :func:`explain` has noted it in ``cell``, and the kernel is fine for the next cell.
+
+    ``answered``: whether the kernel answered the cell at all. Past the cell's time limit
+    nbclient makes an error reply up itself (nbgrader's ``interrupt_on_timeout``) and then waits
+    for the output as if the kernel had answered; a refusal then had the whole time limit to
+    arrive, so it is looked for without waiting :data:`LATE_REFUSAL_SECONDS` more (a kernel
+    that cannot reply, builtins replaced, cost 30 s more than its time limit)."""
     from nbclient.exceptions import CellTimeoutError
 
     if not isinstance(exc, CellTimeoutError) or "Timeout waiting for IOPub output" not in str(exc):
         return False
-    if not (isinstance(client, CappedKernelClient) and client.refused_within(LATE_REFUSAL_SECONDS)):
+    if not isinstance(client, CappedKernelClient):
+        return False
+    if not (client.refused_within(LATE_REFUSAL_SECONDS) if answered else client.take_refused()):
         return False
     from nbformat.notebooknode import NotebookNode
 

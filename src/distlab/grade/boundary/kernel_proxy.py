@@ -128,6 +128,7 @@ class MessageCapProxy:
         self.folder = tempfile.mkdtemp(prefix="distlab-grader-")   # mode 0700
         self.base = os.path.join(self.folder, "socket")
         self.refused = 0
+        self._reached: set[int] = set()   # ports whose kernel socket took a connection once
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._closed = False
@@ -165,7 +166,12 @@ class MessageCapProxy:
 
     def _connect(self, grader: socket.socket, port: int) -> None:
         """Connect ``grader``'s connection to the kernel's socket (which may not be there yet: the
-        grader connects as soon as the kernel is started, and its sockets come seconds later)."""
+        grader connects as soon as the kernel is started, and its sockets come seconds later).
+        A socket that took a connection before and refuses one now belongs to a kernel that is
+        gone (killed, or its sockets closed): the proxy then closes, so that the grader's
+        channels, which connect again after a dropped connection, find no listener and stop at
+        once (:class:`distlab.grade.boundary.kernel_messages.CappedChannel`) instead of waiting
+        for a kernel that will not come back."""
         deadline = time.monotonic() + KERNEL_START_SECONDS
         while True:
             kernel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -174,11 +180,16 @@ class MessageCapProxy:
                 break
             except OSError:
                 kernel.close()
+                if port in self._reached:   # it was there, and is no more: the kernel is gone
+                    _close_both(grader)
+                    self.close()   # the grader's channels find nothing to connect to, and stop trying
+                    return
                 if self._closed or time.monotonic() > deadline:
                     _close_both(grader)
                     return
                 time.sleep(CONNECT_RETRY_SECONDS)
         with self._lock:
+            self._reached.add(port)
             self._sockets.append(kernel)
         threading.Thread(target=self._to_kernel, args=(grader, kernel), daemon=True,
                          name=f"distlab-kernel-proxy-{port}").start()

@@ -177,18 +177,24 @@ class KernelExecute(student_output.CappedCellOutputs, Execute):
                 os.environ.pop("DISTLAB_GRADE_KERNEL", None)
                 limits.kill_descendants()   # before the folder goes: nothing still writes there
 
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._unanswered = True   # the kernel did not answer the cell in its time limit
+        return await super()._async_handle_timeout(timeout, cell)
+
     def preprocess_cell(self, cell, resources, index):
         if is_test_cell(cell) or (cell.cell_type == "code" and self._kernel_died):
             cell.outputs = []
             cell.execution_count = None
             return cell, resources
+        self._unanswered = False
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
             scratch.explain(cell)   # a write past the caps of the kernel's folder: say which
             kernel_messages.explain(cell, self.kc)   # a message past the cap: refused unread
             return cell, resources
         except Exception as exc:  # noqa: BLE001
-            if kernel_messages.only_output_lost(exc, cell, self.kc):   # a refused message took the rest with it
+            # a refused message took the rest of the cell's output with it
+            if kernel_messages.only_output_lost(exc, cell, self.kc, answered=not self._unanswered):
                 return cell, resources
             # The student's code killed or wrecked its kernel (os._exit, SIGKILL, the memory
             # cap, builtins replaced so the kernel cannot even reply...). The cells after it
