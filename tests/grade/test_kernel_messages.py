@@ -52,7 +52,7 @@ class Manager(PrivateSocketsKernelManager):
         if mode != "plain":
             self.client_factory = kernel_messages.CappedKernelClient
 
-    async def _async_launch_kernel(self, kernel_cmd, **kw):   # as distlab.grade.pipeline.nbplugins.GradingKernelManager
+    async def _async_launch_kernel(self, kernel_cmd, **kw):   # as distlab.grade.pipeline.grading_kernel.GradingKernelManager
         await super()._async_launch_kernel(kernel_cmd, **kw)
         if mode == "proxied":
             kernel_proxy.interpose(self)

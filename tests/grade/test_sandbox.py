@@ -372,7 +372,7 @@ def test_the_kernels_socket_folder_lives_exactly_as_long_as_its_kernel(tmp_path)
     import glob
     import tempfile
 
-    from distlab.grade.pipeline.nbplugins import GradingKernelManager
+    from distlab.grade.pipeline.grading_kernel import GradingKernelManager
 
     def folders():
         return set(glob.glob(os.path.join(tempfile.gettempdir(), "distlab-kernel-*")))
@@ -394,7 +394,7 @@ def test_the_kernels_socket_folder_lives_exactly_as_long_as_its_kernel(tmp_path)
 
 READY_KERNEL = textwrap.dedent(r'''
     import asyncio, contextlib, json, os, sys
-    from distlab.grade.pipeline.nbplugins import GradingKernelManager
+    from distlab.grade.pipeline.grading_kernel import GradingKernelManager
 
     @contextlib.asynccontextmanager
     async def ready_kernel(folder):

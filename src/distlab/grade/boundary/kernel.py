@@ -1,7 +1,7 @@
 """The grading kernel: ``python -m distlab.grade.boundary.kernel -f CONNECTION_FILE``.
 
 A plain IPython kernel of this Python (the project's ``.venv``), started by
-:class:`distlab.grade.pipeline.nbplugins.GradingKernelManager`, that first caps and guards itself
+:class:`distlab.grade.pipeline.grading_kernel.GradingKernelManager`, that first caps and guards itself
 with what the grader put in ``DISTLAB_GRADE_KERNEL`` (a JSON object):
 
 * resource caps (:func:`distlab.grade.boundary.limits.apply`): memory, processes below it, output size;

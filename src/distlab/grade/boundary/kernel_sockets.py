@@ -16,7 +16,7 @@ folder of mode 0700 cannot be reached by anyone but the folder's owner (and root
 (``tempfile.mkdtemp``: a new random name, mode 0700, never one another account could have
 made first); the connection file lives there too.
 
-Who uses it: the grading kernel (:class:`distlab.grade.pipeline.nbplugins.GradingKernelManager`), any
+Who uses it: the grading kernel (:class:`distlab.grade.pipeline.grading_kernel.GradingKernelManager`), any
 nbgrader command that runs a notebook (:class:`PrivateSocketsKernelManager`, named in the
 nbgrader configurations), and the book's build (``book/_ext/forked_kernels.py``). A student's
 server on the hub sets ``KernelManager.transport = "ipc"`` instead (hub/jupyter/

@@ -3,6 +3,8 @@
 * :mod:`distlab.grade.pipeline.nbplugins`: the plugins ``grader/nbgrader_config.py`` installs:
   the notebook's cells in the grading kernel, its hidden tests in the clean room (both from
   :mod:`distlab.grade.boundary`), each phase in its own capped control group;
+* :mod:`distlab.grade.pipeline.grading_kernel`: the kernel manager those cells run under, which
+  puts the boundary's pieces (sandbox, keeper, private sockets, capped messages) in start order;
 * :mod:`distlab.grade.pipeline.run_nbgrader` runs one nbgrader command as its own process, its
   log tidied and bounded, through :mod:`distlab.grade.pipeline.nbgrader_app` (nbgrader's command
   line, started cheaply);
