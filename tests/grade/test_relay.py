@@ -97,12 +97,18 @@ def collectives_on_rank(seed):
     return out
 
 
+def ranks_inputs_and_sum(seed: int, n: int):
+    """Each rank's 12 numbers as this file's rank functions draw them (seed + rank), and their sum,
+    taken in float64 and rounded once: the reference a float32 reduction is held to."""
+    xs = [torch.randn(12, generator=torch.Generator().manual_seed(seed + r)) for r in range(n)]
+    return xs, sum(x.double() for x in xs).float()
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_collectives_are_performed_by_the_router_and_recorded_once_each(relay_pools, n):
     with record.capture() as seen:
         results = distlab.run(collectives_on_rank, 3, nprocs=n, backend="relay")
-    xs = [torch.randn(12, generator=torch.Generator().manual_seed(3 + r)) for r in range(n)]
-    total = sum(x.double() for x in xs).float()
+    xs, total = ranks_inputs_and_sum(3, n)
     piece = 12 // n
     for r, out in enumerate(results):
         # A sum of n float32 terms in another order than float64's: within n * 6e-8 * max|sum of terms|.
@@ -145,8 +151,7 @@ def test_functional_collectives_go_through_the_router_and_agree_with_gloo(relay_
     with record.capture() as seen:
         relayed = distlab.run(functional_collectives_on_rank, 8, nprocs=n, backend="relay")
     on_gloo = distlab.run(functional_collectives_on_rank, 8, nprocs=n)
-    xs = [torch.randn(12, generator=torch.Generator().manual_seed(8 + r)) for r in range(n)]
-    total = sum(x.double() for x in xs).float()
+    xs, total = ranks_inputs_and_sum(8, n)
     piece = 12 // n
     for r, (mine, theirs) in enumerate(zip(relayed, on_gloo)):
         # Sums of n float32 terms, in the router's order and in gloo's: within n * 6e-8 * max|x| of
@@ -190,8 +195,7 @@ def test_the_functional_out_and_in_place_variants_go_through_the_router_too(rela
     with record.capture() as seen:
         relayed = distlab.run(functional_variants_on_rank, 9, nprocs=n, backend="relay")
     on_gloo = distlab.run(functional_variants_on_rank, 9, nprocs=n)
-    xs = [torch.randn(12, generator=torch.Generator().manual_seed(9 + r)) for r in range(n)]
-    total = sum(x.double() for x in xs).float()
+    xs, total = ranks_inputs_and_sum(9, n)
     for r, (mine, theirs) in enumerate(zip(relayed, on_gloo)):
         assert torch.equal(mine["all_gather_out"], torch.cat(xs))            # copies: exact
         assert torch.equal(mine["broadcast_"], xs[n - 1])
