@@ -97,6 +97,14 @@ def collectives_on_rank(seed):
     return out
 
 
+def on_relay_and_on_gloo(rank_function, seed: int, n: int):
+    """``rank_function(seed)`` on ``n`` ranks twice: on the relay (the router's record kept) and
+    on gloo, the reference; ``(record, relay's results, gloo's results)``."""
+    with record.capture() as seen:
+        relayed = distlab.run(rank_function, seed, nprocs=n, backend="relay")
+    return seen, relayed, distlab.run(rank_function, seed, nprocs=n)
+
+
 def ranks_inputs_and_sum(seed: int, n: int):
     """Each rank's 12 numbers as this file's rank functions draw them (seed + rank), and their sum,
     taken in float64 and rounded once: the reference a float32 reduction is held to."""
@@ -148,9 +156,7 @@ def functional_collectives_on_rank(seed):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_functional_collectives_go_through_the_router_and_agree_with_gloo(relay_pools, n):
-    with record.capture() as seen:
-        relayed = distlab.run(functional_collectives_on_rank, 8, nprocs=n, backend="relay")
-    on_gloo = distlab.run(functional_collectives_on_rank, 8, nprocs=n)
+    seen, relayed, on_gloo = on_relay_and_on_gloo(functional_collectives_on_rank, 8, n)
     xs, total = ranks_inputs_and_sum(8, n)
     piece = 12 // n
     for r, (mine, theirs) in enumerate(zip(relayed, on_gloo)):
@@ -192,9 +198,7 @@ def functional_variants_on_rank(seed):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_functional_out_and_in_place_variants_go_through_the_router_too(relay_pools, n):
-    with record.capture() as seen:
-        relayed = distlab.run(functional_variants_on_rank, 9, nprocs=n, backend="relay")
-    on_gloo = distlab.run(functional_variants_on_rank, 9, nprocs=n)
+    seen, relayed, on_gloo = on_relay_and_on_gloo(functional_variants_on_rank, 9, n)
     xs, total = ranks_inputs_and_sum(9, n)
     for r, (mine, theirs) in enumerate(zip(relayed, on_gloo)):
         assert torch.equal(mine["all_gather_out"], torch.cat(xs))            # copies: exact

@@ -268,9 +268,11 @@ def _signal_through_proc(pid: int, sig: int) -> None:
         os.close(folder)
 
 
-def _end_trees_in_own_pids(roots: set[int]) -> None:
-    """:func:`end_children_started_since` for the init of its own namespace: SIGKILL each root and
-    everything below it (numbers as ``/proc`` shows them), then reap whatever of ours has ended."""
+def kill_trees(roots) -> set[int]:
+    """SIGKILL each of ``roots`` and everything below it, walking ``/proc``'s lists of children
+    (numbers as ``/proc`` shows them, so right inside a pid namespace of our own too); the process
+    ids it reached. A process started meanwhile may be missed: callers that must leave nothing
+    look again."""
     todo, seen = list(roots), set()
     while todo:
         pid = todo.pop()
@@ -278,16 +280,29 @@ def _end_trees_in_own_pids(roots: set[int]) -> None:
             seen.add(pid)
             todo += children(pid)
             _signal_through_proc(pid, signal.SIGKILL)
+    return seen
+
+
+def reap_ended_children() -> bool:
+    """Reap every child of ours that has ended (a zombie holds its process id until then); True
+    when no child at all is left."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return False
+        except ChildProcessError:
+            return True
+
+
+def _end_trees_in_own_pids(roots: set[int]) -> None:
+    """:func:`end_children_started_since` for the init of its own namespace: SIGKILL each root and
+    everything below it, then reap whatever of ours has ended."""
+    seen = kill_trees(roots)
     deadline = time.monotonic() + END_BOUND_SECONDS
     while any(os.path.exists(f"/proc/{pid}") and _state_letter(pid) not in (b"Z", b"X", None) for pid in seen) \
             and time.monotonic() < deadline:
         time.sleep(0.01)
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
+    reap_ended_children()
 
 
 def _state_letter(pid: int) -> bytes | None:

@@ -98,22 +98,9 @@ def _end_everything_below() -> None:
     none is left, and reap them."""
     deadline = time.monotonic() + END_BOUND_SECONDS
     while time.monotonic() < deadline:
-        todo, seen = list(processes.children()), set()
-        while todo:
-            pid = todo.pop()
-            if pid not in seen:
-                seen.add(pid)
-                todo += processes.children(pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                return
+        processes.kill_trees(processes.children())
+        if processes.reap_ended_children():
+            return
         time.sleep(0.01)
 
 
