@@ -34,6 +34,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from grading_support import value_errors
 
 import distlab
 from distlab import models
@@ -184,14 +185,7 @@ def _uneven():
         "sequence": lambda: tp_model.parallelize_gpt(models.build("gpt", seed=0), sequence_parallel=True)(
             torch.zeros(1, 4 * n + 1, dtype=torch.long)),
     }
-    messages = {}
-    for what, attempt in attempts.items():
-        try:
-            attempt()
-            messages[what] = None
-        except ValueError as e:
-            messages[what] = str(e)
-    return messages
+    return value_errors(attempts)
 
 
 def everything():

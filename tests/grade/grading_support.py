@@ -393,6 +393,20 @@ def try_each(attempts: dict) -> dict:
     return verdicts
 
 
+def value_errors(attempts: dict) -> dict:
+    """Call each of ``{name: call}`` (on a rank); ``{name: the message of the ValueError it raised}``,
+    None where the call was accepted. Any other exception propagates: a wrong size must be refused
+    with a ValueError that says why, not fail somewhere deeper."""
+    messages = {}
+    for name, call in attempts.items():
+        try:
+            call()
+            messages[name] = None
+        except ValueError as error:
+            messages[name] = str(error)
+    return messages
+
+
 def groups_left_by(nbgrader_pid: int, seconds: float = 10) -> list[Path]:
     """The control groups of a killed grader (named after its nbgrader's process id) still there
     after ``seconds`` of the next grader's sweep (test_submission_caps checks the sweep). A test
