@@ -37,8 +37,9 @@ the group answers to its name (:meth:`RelayGroup.getGroupName`): a Python group 
 backend from which torch could read it. Their in-place and ``_out`` variants (``all_reduce_``,
 ``broadcast_``, ``reduce_scatter_tensor_out``, ...) take the same roads, except one:
 ``all_gather_into_tensor_out``'s kernel asks the group for that C++ backend, so a rank that joins
-the relay gives the operator a kernel of its own (:func:`_all_gather_into_tensor_out`). ``new_group`` and device meshes need nothing shared
-either: their groups are made by every rank alike, named by their ranks, and never use the store.
+the relay gives the operator a kernel of its own (:func:`_all_gather_into_tensor_out`).
+``new_group`` and device meshes need nothing shared either: their groups are made by every rank
+alike, named by their ranks, and never use the store.
 
 Not provided: ``recv`` from any source; it fails with an error instead of going around the router.
 """

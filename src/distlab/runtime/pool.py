@@ -164,10 +164,11 @@ class Pool:
         try:
             results = self.job.wait(call_dir, timeout)
         except RankError:
-            if self.job.watcher.ranks_can_go_on() and not self._network_stopped():   # keep them
+            network_stopped = self._network_stopped()
+            if self.job.watcher.ranks_can_go_on() and not network_stopped:   # keep them
                 files.remove_call(self.run_dir, call_dir)
                 raise
-            self.restart_reason = self._network_stopped() or \
+            self.restart_reason = network_stopped or \
                 "the previous call failed, and a process group that lost a collective cannot be trusted"
             self._discard()
             raise
@@ -180,8 +181,9 @@ class Pool:
             self._discard()
             raise
         files.remove_call(self.run_dir, call_dir)
-        if self._network_stopped():         # the ranks caught the router's verdict and returned
-            self.restart_reason = self._network_stopped()
+        network_stopped = self._network_stopped()
+        if network_stopped:         # the ranks caught the router's verdict and returned
+            self.restart_reason = network_stopped
             self._discard()
         return results
 
