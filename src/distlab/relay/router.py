@@ -59,6 +59,11 @@ class _Inbound:
         self.buffer: bytearray | None = bytearray()   # None: the payload is read and dropped
         self.got = 0
 
+    @property
+    def frame_bytes(self) -> int:
+        """The whole frame's bytes, prefix and header included (known once the header is read)."""
+        return len(self.prefix) + self.payload_length
+
 
 class Router:
     """One run's relay: ``nprocs`` socket pairs and the thread that serves them."""
@@ -171,7 +176,7 @@ class Router:
                     return True
                 state.header = frames.parse_header(state.prefix[head:])
                 state.buffer, state.got = self._payload_buffer(rank, state.header, state.payload_length,
-                                                               len(state.prefix) + state.payload_length), 0
+                                                               state.frame_bytes), 0
             if state.got < state.payload_length:
                 if state.buffer is None:
                     n = sock.recv_into(_DISCARD, min(len(_DISCARD), state.payload_length - state.got))
@@ -181,7 +186,7 @@ class Router:
                     return self._hang_up(rank)
                 state.got += n
             if state.header is not None and state.got == state.payload_length:
-                header, payload, frame = state.header, state.buffer, len(state.prefix) + state.payload_length
+                header, payload, frame = state.header, state.buffer, state.frame_bytes
                 self._inbound[rank] = _Inbound()
                 self._held.read(rank)
                 if payload is not None and self.stopped is None:
