@@ -69,16 +69,14 @@ def split_off() -> None:
 def _keep(rank_pid: int, keep_fd: int) -> None:
     """Hold nothing of the rank's, wait for it, and end as it ended (the same exit code, or the
     same signal), which the launcher reads as the rank's."""
-    import resource
     import signal
 
+    from distlab.grade.boundary.sandbox_keeper import close_all_but, end_as
     from distlab.runtime import processes
 
     processes.set_name(f"distlab-keep{os.environ.get('RANK', '')}"[:15])
     processes.set_dumpable(False)
-    most = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    os.closerange(3, keep_fd)
-    os.closerange(keep_fd + 1, most if most != resource.RLIM_INFINITY else 65536)
+    close_all_but(keep_fd)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     status = None
     while status is None:
@@ -88,14 +86,4 @@ def _keep(rank_pid: int, keep_fd: int) -> None:
             os._exit(1)
         if pid == rank_pid:
             status = found
-    code = os.waitstatus_to_exitcode(status)
-    if code >= 0:
-        os._exit(code)
-    try:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if -code not in (signal.SIGKILL, signal.SIGSTOP):   # these two take no handler (EINVAL)
-            signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
-        os.kill(os.getpid(), -code)
-    finally:
-        os._exit(128 - code)   # never return: the caller's code is the rank's, not the keeper's
+    end_as(os.waitstatus_to_exitcode(status))   # never returns: the caller's code is the rank's, not the keeper's

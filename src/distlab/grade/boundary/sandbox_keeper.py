@@ -139,24 +139,33 @@ def _start(command: list[str], leash_fd: int) -> int:
             os.execvp(command[0], command)
         finally:
             os._exit(127)
-    # the keeper holds nothing of the sandbox's but its output (a verdict pipe's end would keep it open)
-    most = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    os.closerange(3, leash_fd)
-    os.closerange(leash_fd + 1, most if most != resource.RLIM_INFINITY else 65536)
+    close_all_but(leash_fd)   # nothing of the sandbox's but its output (a verdict pipe's end would stay open)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING_SIGNALS)
     return child
 
 
-def _end_as(code: int) -> None:
-    """Exit with ``code``, or, negative, die by that signal (as its child did: a caller that reads
-    ``-9`` from the sandbox reads it from the keeper too)."""
-    if code < 0:
+def end_as(code: int) -> None:
+    """Exit with ``code``, or, negative, die by that signal, as the keeper's child did: a caller
+    that reads ``-9`` from the sandbox reads it from the keeper too. Never returns. Shared with
+    the rank's keeper (:mod:`distlab.grade.boundary.rank_keeper`), which ends as its rank did."""
+    if code >= 0:
+        os._exit(code)
+    try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if -code not in (signal.SIGKILL, signal.SIGSTOP):   # these two take no handler (EINVAL)
             signal.signal(-code, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
         os.kill(os.getpid(), -code)
-    os._exit(code if code >= 0 else 128 - code)
+    finally:
+        os._exit(128 - code)
+
+
+def close_all_but(keep_fd: int) -> None:
+    """Close every descriptor above standard error except ``keep_fd``: a keeper holds nothing of
+    what it keeps (a pipe end it held would stay open for as long as the keeper lives)."""
+    most = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, most if most != resource.RLIM_INFINITY else 65536)
 
 
 def main(argv: list[str]) -> None:
@@ -174,7 +183,7 @@ def main(argv: list[str]) -> None:
     finally:
         signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
         _end_everything_below()
-    _end_as(code)
+    end_as(code)
 
 
 if __name__ == "__main__":
